@@ -1,0 +1,132 @@
+"""What a federated method is: a server strategy and client hooks around one training loop.
+
+A method never copies the local training loop (``raysim.training.local_train``) or the round
+loop (``raysim.simulation``). It changes behaviour through small hooks:
+
+* client side (:class:`ClientHooks`): how the private gradient of a step is obtained (SAM),
+  a data-independent gradient term added *after* privatisation (proximal terms, SCAFFOLD's
+  correction: post-processing, so free in privacy), and what is uploaded besides Δw;
+* server side (:class:`Server`): the clip norm and noise scale of each round, what is
+  broadcast, and how uploads are aggregated into the next global model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Sequence
+
+import numpy as np
+import torch
+
+from raysim.config import Config
+from raysim.types import ClientResult, ClientTask, RoundPayload
+
+
+@dataclass(frozen=True)
+class MethodContext:
+    """Facts about a run that the server side needs, fixed before round 1."""
+
+    cfg: Config
+    clipping: str                      # resolved clipping mode: per_sample | batch | none
+    num_params: int
+    layer_slices: tuple[tuple[int, int], ...]   # [start, end) of each parametrised layer in the flat vector
+    num_samples: np.ndarray            # n_i, local training-set sizes
+    num_steps: np.ndarray              # τ_i, local steps per round
+    noise_multipliers: np.ndarray      # σ_i (base, before any per-round schedule); 0 without DP
+
+
+@dataclass
+class Aggregate:
+    """Result of one server aggregation."""
+
+    global_weights: torch.Tensor
+    client_logs: list[dict[str, float]] = field(default_factory=list)   # aligned with the sorted results
+    round_logs: dict[str, float] = field(default_factory=dict)
+
+
+def weighted_sum(deltas: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
+    """Σ_i w_i Δ_i in float64 accumulation (order fixed by client id, so reproducible)."""
+    out = torch.zeros_like(deltas[0], dtype=torch.float64)
+    for d, w in zip(deltas, weights):
+        out.add_(d.to(torch.float64), alpha=float(w))
+    return out.to(deltas[0].dtype)
+
+
+class Server:
+    """Server strategy base: fixed clip norm, FedAvg weights n_i / Σ n_j, w ← w + Σ p_i Δ_i."""
+
+    uses_val_f1: ClassVar[bool] = False
+
+    def __init__(self, ctx: MethodContext) -> None:
+        self.ctx = ctx
+        self.cfg = ctx.cfg
+
+    # --- privacy plan (used before round 1 to calibrate σ, and every round) ---------------
+    @classmethod
+    def sigma_schedule(cls, cfg: Config) -> np.ndarray:
+        """Relative noise multiplier of each round t = 1..T (DP-ACDN decays it); ones by default."""
+        return np.ones(cfg.rounds)
+
+    # --- per round ---------------------------------------------------------------------
+    def clip_norm(self, server_round: int) -> float | tuple[float, ...]:
+        return float(self.cfg.privacy.clip_norm)
+
+    def noise_multiplier(self, client_id: int, server_round: int) -> float:
+        return float(self.ctx.noise_multipliers[client_id] * self.sigma_schedule(self.cfg)[server_round - 1])
+
+    def payload(self, server_round: int, global_weights: torch.Tensor) -> RoundPayload:
+        return RoundPayload(server_round, global_weights, global_weights, {})
+
+    def tasks(self, server_round: int, client_states: dict[int, dict[str, Any] | None]) -> list[ClientTask]:
+        clip = self.clip_norm(server_round)
+        return [ClientTask(cid, server_round, clip, self.noise_multiplier(cid, server_round), client_states.get(cid))
+                for cid in range(self.cfg.num_clients)]
+
+    def sample_weights(self, results: Sequence[ClientResult]) -> np.ndarray:
+        n = np.array([r.num_samples for r in results], dtype=np.float64)
+        return n / n.sum()
+
+    def aggregate(self, server_round: int, global_weights: torch.Tensor, results: Sequence[ClientResult]) -> Aggregate:
+        weights = self.sample_weights(results)
+        step = weighted_sum([r.delta for r in results], weights)
+        logs = [{"aggregation_weight": float(w)} for w in weights]
+        return Aggregate(global_weights + step, logs, {})
+
+
+class ClientHooks:
+    """Client-side hooks base: plain local (DP-)SGD from the broadcast start weights."""
+
+    #: DP releases per local step (SAM's "both" mode makes two on the same batch).
+    releases_per_step: ClassVar[int] = 1
+
+    def __init__(self, cfg: Config, payload: RoundPayload, task: ClientTask) -> None:
+        self.cfg = cfg
+        self.payload = payload
+        self.task = task
+
+    def private_gradient(self, params: list[torch.nn.Parameter], compute: Callable[[], Any]) -> Any:
+        """Obtain one step's privatised gradient; ``compute()`` makes one DP release on the step's batch."""
+        return compute()
+
+    def extra_gradient(self, params: list[torch.nn.Parameter]) -> list[torch.Tensor] | None:
+        """Gradient of a data-independent loss term, added after privatisation (post-processing)."""
+        return None
+
+    def finalize(self, params: list[torch.nn.Parameter], num_steps: int) -> dict[str, Any] | None:
+        """New persistent client state (returned to the server); None keeps none."""
+        return self.task.client_state
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A registered method: its server and client parts and what it needs from the run."""
+
+    name: str
+    summary: str
+    source: str
+    server: type[Server]
+    client: type[ClientHooks] = ClientHooks
+    private: bool = True               # a DP method: refuses privacy.clipping = none
+    lldm: bool = False                 # build the client model with FedDimDP's LLDM block
+    per_layer_clipping: bool = False
+    options: dict[str, Any] = field(default_factory=dict)   # flags for ablations

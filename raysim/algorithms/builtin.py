@@ -1,0 +1,3 @@
+"""Imports every built-in method module so that each registers itself."""
+
+from raysim.algorithms import fedavg  # noqa: F401

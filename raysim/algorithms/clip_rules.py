@@ -1,0 +1,134 @@
+"""Server-side clipping-threshold rules, framework-free: ADPC (SPEC §3), Andrew et al. 2021 quantile
+clipping and AWDP-FL per-layer weights (SPEC §4).
+
+Privacy: ADPC and the AWDP-FL weights only post-process uploaded model deltas, which are already DP
+outputs, so they cost nothing. Quantile clipping reads the *raw* clipped-or-not bits of each client; its
+release is private only through the noise added in :func:`noised_fraction_below`, which the caller must
+compose into the ledger.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = [
+    "median", "adpc_next_clip", "update_norm_per_step", "denoise_update_norm",
+    "quantile_clip_update", "noised_fraction_below", "awdp_layer_weights",
+]
+
+DENOISE_MODES = ("per_sample", "batch", "none")
+
+
+def _finite_vector(x: np.ndarray, name: str) -> np.ndarray:
+    arr = np.asarray(x, dtype=np.float64)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D array, got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} must be finite, got {arr}")
+    return arr
+
+
+def median(values: np.ndarray) -> float:
+    """Median; for an even count, the mean of the two middle values (SPEC §3 ADPC)."""
+    arr = np.sort(_finite_vector(values, "values"))
+    mid = arr.size // 2
+    if arr.size % 2:
+        return float(arr[mid])
+    return float(0.5 * (arr[mid - 1] + arr[mid]))
+
+
+def adpc_next_clip(update_norms: np.ndarray, clip_norm: float, *, c_min: float = 0.1,
+                   smoothing: float = 1.0) -> float:
+    """ADPC threshold for the next round (SPEC §3).
+
+    C* = max(median_i s_i, C_min), then C^(t+1) = (1 − γ)·C^(t) + γ·C* with γ = ``smoothing``
+    (γ = 1: no smoothing, the paper's literal rule). C_min = 0.1 is (R). ``update_norms`` are the s_i
+    (or the denoised ŝ_i) in the same unit as C; choosing that unit is the caller's (R) option.
+    """
+    if clip_norm <= 0.0 or c_min <= 0.0:
+        raise ValueError(f"clip_norm and c_min must be > 0, got {clip_norm}, {c_min}")
+    if not 0.0 < smoothing <= 1.0:
+        raise ValueError(f"smoothing must be in (0, 1], got {smoothing}")
+    target = max(median(update_norms), c_min)
+    return float((1.0 - smoothing) * clip_norm + smoothing * target)
+
+
+def update_norm_per_step(delta_norm: float, lr: float, num_steps: int) -> float:
+    """s_i = ‖Δw_i‖ / (η_l·τ_i): the update norm as the mean per-step gradient norm, in C's units (R)."""
+    if delta_norm < 0.0 or lr <= 0.0 or num_steps < 1:
+        raise ValueError(f"need delta_norm >= 0, lr > 0, num_steps >= 1; got {delta_norm}, {lr}, {num_steps}")
+    return float(delta_norm / (lr * num_steps))
+
+
+def denoise_update_norm(s: float, *, num_params: int, noise_multiplier: float, clip_norm: float,
+                        expected_batch_size: float, num_steps: int, mode: str) -> float:
+    """Remove the known DP-noise energy from a per-step update norm (SPEC §3 ADPC, ``adpc.denoise``, R).
+
+    With plain local SGD, s = ‖mean of τ noisy steps‖ has E[s²] = ‖ḡ‖² + noise energy, where the noise
+    energy is d·σ²C²/(B²·τ) for ``per_sample`` (noise N(0, σ²C²I) on a sum divided by B) and d·σ²C²/τ
+    for ``batch`` (noise on the clipped mean). Returns ŝ = sqrt(max(s² − energy, 0)); ``none`` returns s.
+    ``s`` must be in per-step units (:func:`update_norm_per_step`); the formula does not hold for raw ‖Δw‖.
+    Pure post-processing of DP outputs, so free in privacy.
+    """
+    if mode not in DENOISE_MODES:
+        raise ValueError(f"mode must be one of {DENOISE_MODES}, got {mode!r}")
+    if s < 0.0:
+        raise ValueError(f"s must be >= 0, got {s}")
+    if mode == "none":
+        return float(s)
+    if num_params < 1 or num_steps < 1 or noise_multiplier < 0.0 or clip_norm <= 0.0:
+        raise ValueError("need num_params >= 1, num_steps >= 1, noise_multiplier >= 0, clip_norm > 0")
+    energy = num_params * noise_multiplier**2 * clip_norm**2 / num_steps
+    if mode == "per_sample":
+        if expected_batch_size <= 0.0:
+            raise ValueError(f"expected_batch_size must be > 0, got {expected_batch_size}")
+        energy /= expected_batch_size**2
+    return float(math.sqrt(max(s * s - energy, 0.0)))
+
+
+def quantile_clip_update(clip_norm: float, clipped_fraction_noisy: float, *, eta_c: float = 0.2,
+                         target_quantile: float = 0.5) -> float:
+    """Andrew et al. 2021 geometric update: C ← C·exp(−η_c·(b̄ − γ)).
+
+    ``clipped_fraction_noisy`` is b̄, the noised fraction of clients with ‖Δ_i‖ ≤ C (despite the name it
+    counts the *unclipped* ones, as in the paper); it may fall outside [0, 1] because of the noise.
+    """
+    if clip_norm <= 0.0 or eta_c < 0.0:
+        raise ValueError(f"need clip_norm > 0 and eta_c >= 0, got {clip_norm}, {eta_c}")
+    if not 0.0 <= target_quantile <= 1.0:
+        raise ValueError(f"target_quantile must be in [0, 1], got {target_quantile}")
+    if not math.isfinite(clipped_fraction_noisy):
+        raise ValueError(f"clipped_fraction_noisy must be finite, got {clipped_fraction_noisy}")
+    return float(clip_norm * math.exp(-eta_c * (clipped_fraction_noisy - target_quantile)))
+
+
+def noised_fraction_below(norms: np.ndarray, clip_norm: float, noise_std: float,
+                          rng: np.random.Generator) -> float:
+    """b̄ = (Σ_i 1[‖Δ_i‖ ≤ C] + N(0, noise_std²)) / n (Andrew et al. 2021).
+
+    Each client contributes one bit, so the count has sensitivity 1; the Gaussian release is the private
+    part, and its cost is the caller's to account. One standard normal is always drawn from ``rng``, so
+    the stream advances identically whether or not the noise is switched off.
+    """
+    arr = _finite_vector(norms, "norms")
+    if noise_std < 0.0:
+        raise ValueError(f"noise_std must be >= 0, got {noise_std}")
+    count = float(np.count_nonzero(arr <= clip_norm))
+    noise = noise_std * float(rng.standard_normal())
+    return (count + noise) / arr.size
+
+
+def awdp_layer_weights(norm_ema: np.ndarray) -> np.ndarray:
+    """AWDP-FL per-layer weights (SPEC §4, R): w_k ∝ EMA of layer k's norm, scaled so Σ_k w_k² = 1.
+
+    Thresholds C_k = C·w_k then keep the total sensitivity at C. An all-zero EMA gives uniform 1/√K.
+    """
+    arr = _finite_vector(norm_ema, "norm_ema")
+    if np.any(arr < 0.0):
+        raise ValueError(f"norm_ema must be >= 0, got {arr}")
+    total = float(np.linalg.norm(arr))
+    if total == 0.0:
+        return np.full(arr.size, 1.0 / math.sqrt(arr.size))
+    return arr / total

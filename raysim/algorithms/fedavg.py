@@ -1,0 +1,17 @@
+"""FedAvg (McMahan et al., 2017) and FedSA, the fixed-clip DP-FedAvg baseline (SPEC §4).
+
+Both are the base server and client: FedAvg weights n_i/Σn_j, local SGD from the global
+model. FedSA runs local DP-SGD with a fixed clip norm (``privacy.clip_norm``).
+"""
+
+from raysim.algorithms.base import ClientHooks, MethodSpec, Server
+from raysim.algorithms.registry import register
+
+FEDAVG = register(MethodSpec(
+    name="fedavg", summary="FedAvg, non-private unless privacy.epsilon/noise_multiplier is set",
+    source="McMahan et al., AISTATS 2017", server=Server, client=ClientHooks, private=False))
+
+FEDSA = register(MethodSpec(
+    name="fedsa", summary="DP-SGD with a fixed clip norm, FedAvg aggregation (= DP-FedAvg)",
+    source="paper's FedSA baseline, described as FedAvg-style DP with fixed-variance noise",
+    server=Server, client=ClientHooks, private=True))

@@ -1,0 +1,113 @@
+"""``raysim`` command line: run, methods, privacy, sweep, report."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from typing import Any, Sequence
+
+from raysim.config import ConfigError, apply_overrides, config_from_dict, parse_override, read_yaml
+
+
+class UserError(Exception):
+    """Bad input: printed as one line, exit code 2."""
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set data.alpha=0.1 (repeatable)")
+    p.add_argument("--results-dir", default="./results", help="where the Parquet tables go (default ./results)")
+    p.add_argument("--data-root", default=None, help="folder holding cifar10/, svhn/, stl10/ (sets data.root)")
+    p.add_argument("--address", default=None, help="join an existing Ray cluster (sets runtime.address)")
+
+
+def resolve_values(path: str, overrides: Sequence[str], data_root: str | None, address: str | None) -> dict[str, Any]:
+    values = read_yaml(path)
+    pairs = [parse_override(o) for o in overrides]
+    if data_root is not None:
+        pairs.append(("data.root", os.path.abspath(data_root)))
+    if address is not None:
+        pairs.append(("runtime.address", address))
+    return apply_overrides(values, pairs)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from raysim.experiment import check_config, run_experiment
+    from raysim.progress import RunProgress, print_summary
+    values = resolve_values(args.config, args.overrides, args.data_root, args.address)
+    methods = values.get("method", "fedavg")
+    methods = methods if isinstance(methods, list) else [methods]
+    configs = [config_from_dict({**values, "method": m}) for m in methods]
+    for cfg in configs:
+        check_config(cfg)
+    rows = []
+    for cfg in configs:
+        with RunProgress(cfg) as progress:
+            summary = run_experiment(cfg, args.results_dir, on_setup=progress.setup, on_round=progress.round)
+        rows.append(summary.row)
+    print_summary(rows, args.results_dir)
+    return 0
+
+
+def cmd_methods(args: argparse.Namespace) -> int:
+    from raysim.algorithms.registry import all_methods
+    specs = all_methods()
+    width = max(len(s.name) for s in specs)
+    for s in specs:
+        kind = "DP " if s.private else "   "
+        print(f"{s.name:<{width}}  {kind} {s.summary}")
+    print("\nDP = differentially private by default; the others take privacy.epsilon to become DP variants.")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="raysim", description="Ray-parallel simulation of DP federated learning")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run one experiment (or one per method if `method` is a list)")
+    run.add_argument("config", help="YAML config file")
+    _add_common(run)
+    run.set_defaults(func=cmd_run)
+    methods = sub.add_parser("methods", help="list the registered methods")
+    methods.set_defaults(func=cmd_methods)
+    from raysim.privacy.privacy_cli import add_privacy_subparser
+    add_privacy_subparser(sub)
+    for extra in ("raysim.sweep_cli", "raysim.report_cli"):
+        try:
+            module = __import__(extra, fromlist=["add_subparser"])
+        except ModuleNotFoundError as exc:
+            if exc.name != extra:
+                raise
+            continue
+        module.add_subparser(sub, _add_common)
+    return parser
+
+
+def _user_message(exc: BaseException) -> str | None:
+    if isinstance(exc, (ConfigError, ValueError, UserError, FileNotFoundError)):
+        return str(exc)
+    cause = getattr(exc, "cause", None)   # a ValueError raised inside a Ray actor
+    if isinstance(cause, ValueError):
+        return str(cause)
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("raysim: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # user errors become one line; bugs keep their traceback
+        msg = _user_message(exc)
+        if msg is None:
+            raise
+        print(f"raysim: error: {msg.splitlines()[0] if msg else type(exc).__name__}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Client-side execution shared by every executor: one object hosts one or more clients."""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from raysim.algorithms.registry import get_method
+from raysim.config import Config
+from raysim.data import ArrayDataset, to_float_tensor
+from raysim.metrics import evaluate
+from raysim.models import build_model
+from raysim.privacy.grad_sample import make_engine, parametrised_layers
+from raysim.training import local_train
+from raysim.types import ClientData, ClientResult, ClientTask, RoundPayload
+
+
+def model_for(cfg: Config, info, lldm: bool) -> torch.nn.Module:
+    """The client/global model of a run (LLDM only for the FedDimDP variants that use it)."""
+    return build_model(info.channels, info.image_size, info.num_classes, lldm=lldm,
+                       lldm_reduction=cfg.lldm.reduction, lldm_keep_fraction=cfg.lldm.keep_fraction)
+
+
+def layer_slices(model: torch.nn.Module) -> tuple[tuple[int, int], ...]:
+    """[start, end) of each parametrised layer's (weight, bias) in the flat parameter vector."""
+    ids = {id(p): i for i, p in enumerate(model.parameters())}
+    offsets = np.cumsum([0] + [p.numel() for p in model.parameters()])
+    out = []
+    for layer in parametrised_layers(model):
+        idx = [ids[id(p)] for p in layer.parameters()]
+        out.append((int(offsets[min(idx)]), int(offsets[max(idx) + 1])))
+    return tuple(out)
+
+
+class ClientRunner:
+    """Holds the local data of its clients as tensors and runs their rounds.
+
+    Built once per actor (or once in the serial executor); the train arrays arrive once per
+    run, each round only the round payload and a small task travel.
+    """
+
+    def __init__(self, cfg: Config, clipping: str, train: ArrayDataset, clients: Sequence[ClientData]) -> None:
+        torch.set_num_threads(cfg.runtime.torch_threads)
+        self.cfg = cfg
+        self.clipping = clipping
+        self.spec = get_method(cfg.method)
+        self.info = train.info
+        self.model = model_for(cfg, train.info, self.spec.lldm)
+        self.engine = make_engine(cfg.privacy.engine)
+        self.data: dict[int, tuple[torch.Tensor, ...]] = {}
+        for c in clients:
+            self.data[c.client_id] = (
+                to_float_tensor(train.x[c.train_indices], train.info), torch.from_numpy(train.y[c.train_indices].astype(np.int64)),
+                to_float_tensor(train.x[c.val_indices], train.info), torch.from_numpy(train.y[c.val_indices].astype(np.int64)),
+            )
+
+    def client_ids(self) -> list[int]:
+        return sorted(self.data)
+
+    def train(self, payload: RoundPayload, task: ClientTask) -> ClientResult:
+        start = time.perf_counter()
+        x, y, xv, yv = self.data[task.client_id]
+        model = self.model
+        # A private copy: the parameters become views of it and are updated in place.
+        vector_to_parameters(payload.start_weights.clone(), model.parameters())
+        hooks = self.spec.client(self.cfg, payload, task)
+        stats = local_train(model, x, y, hooks, clipping=self.clipping, engine=self.engine,
+                            per_layer=self.spec.per_layer_clipping, seed=self.cfg.seed, client_id=task.client_id)
+        params = list(model.parameters())
+        new_state = hooks.finalize(params, stats.num_steps)
+        with torch.no_grad():
+            end = parameters_to_vector(params).detach().clone()
+        delta = end - payload.start_weights
+        val_f1 = None
+        if self.spec.server.uses_val_f1:
+            val_f1 = evaluate(model, xv, yv, self.info.num_classes, self.cfg.eval_batch_size).f1 if len(yv) else 0.0
+        per_layer = None
+        if self.spec.per_layer_clipping:
+            per_layer = [float(delta[a:b].norm()) for a, b in layer_slices(model)]
+        return ClientResult(
+            client_id=task.client_id, server_round=task.server_round, num_samples=len(y), num_steps=stats.num_steps,
+            delta=delta, train_loss=stats.train_loss, frac_clipped=stats.frac_clipped, val_f1=val_f1,
+            per_layer_norms=per_layer, client_state=new_state, seconds=time.perf_counter() - start)

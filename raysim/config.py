@@ -1,0 +1,337 @@
+"""Frozen, validated configuration.
+
+YAML (or a dict) in, a tree of frozen dataclasses out. Every key a user can set is a field
+here; an unknown key, a wrong type or an out-of-range value raises ``ConfigError`` (a
+``ValueError``) with a one-line message naming the key. Keys marked *(R)* in the field
+comments are reconstructions of choices the FedDimDP paper does not state (see
+docs/methods.md); their defaults follow SPEC.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+__all__ = ["ConfigError", "Config", "load_config", "config_from_dict", "apply_overrides", "config_to_dict",
+           "config_hash", "parse_override"]
+
+
+class ConfigError(ValueError):
+    """A configuration a user wrote is invalid."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    name: str = "digits"
+    root: str | None = None            # --data-root; where cifar10/, svhn/, stl10/ live
+    download: bool = False             # only then may torchvision download
+    cache_dir: str | None = None       # decoded-array cache; default ~/.cache/raysim
+    partition: str = "dirichlet"       # iid | dirichlet | shards
+    alpha: float = 0.3                 # Dirichlet concentration
+    min_samples_per_client: int = 10
+    shards_per_client: int = 2         # (R) SVHN class-grouped partition
+    shard_size_sigma: float = 1.0      # (R) log-normal quantity skew of the shards partitioner
+    val_fraction: float = 0.1          # (R) local validation split for CRA's q_i
+    test_subsample: int | None = None  # evaluate on a seeded subset of the test split (None = all)
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    clipping: str = "auto"             # per_sample | batch | none | auto (DP methods: per_sample)
+    clip_norm: float = 1.0             # C for fixed-clip methods; ADPC starts from adpc.c0
+    epsilon: float | None = None       # target ε for the whole run, per client
+    delta: float = 1e-5                # (R) δ is not stated in the paper
+    noise_multiplier: float | None = None  # σ; give σ or ε, not both
+    accountant: str = "pld"            # pld | rdp
+    engine: str = "bk"                 # per-sample gradient engine
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    executor: str = "ray"              # ray | serial
+    address: str | None = None         # join an existing Ray cluster (--address)
+    num_actors: int | None = None      # client actors; default one per client
+    num_cpus_per_client: float | None = None  # default: fit all actors on the cluster's CPUs (≤ 1)
+    num_gpus_per_client: float = 0.0
+    gpu_memory_fraction: float | None = None  # explicit per-actor CUDA memory cap
+    torch_threads: int = 1             # per actor and serial executor: results must not depend on it
+    max_actor_restarts: int = 3
+
+
+@dataclass(frozen=True)
+class LLDMConfig:
+    reduction: float = 0.5             # (R) 1x1 conv channel ratio r
+    keep_fraction: float = 0.5         # (R) top-k fraction κ of gradient entries kept
+
+
+@dataclass(frozen=True)
+class ADPCConfig:
+    c0: float = 1.0                    # (R) C^(0)
+    c_min: float = 0.1                 # (R) floor
+    norm_unit: str = "per_step"        # (R) per_step | raw
+    smoothing: float = 1.0             # (R) γ, 1 = no smoothing
+    denoise: bool = True               # (R) subtract the known DP noise energy before the median
+
+
+@dataclass(frozen=True)
+class CRAConfig:
+    beta: float = 0.9                  # (R) EMA factor
+    rho: float = 1.5                   # (R) ambiguity-set cap p_i <= ρ α_i
+    eta_p: float = 0.05                # (R) projected step size
+    weight_by_samples: bool = True     # (R) α_i ∝ n_i r_i (False: ∝ r_i)
+    eta_g: float = 1.0                 # global step
+    private_val_f1: bool = False       # noise q_i and account it
+    val_f1_noise_multiplier: float = 5.0  # σ for q_i (sensitivity 1/n_val)
+
+
+@dataclass(frozen=True)
+class SAMConfig:
+    rho: float = 0.05                  # (R) perturbation radius for this CNN
+    mode: str = "previous"             # (R) previous (1 release/step) | both (2 releases/step)
+
+
+@dataclass(frozen=True)
+class FedACGConfig:
+    lam: float = 0.85
+    beta: float = 0.001
+
+
+@dataclass(frozen=True)
+class ACDNConfig:
+    gamma: float = 0.99                # (R) σ_t = σ_0 γ^t
+    momentum: float = 0.9              # (R) server EMA of aggregated updates
+
+
+@dataclass(frozen=True)
+class AWDPConfig:
+    beta: float = 0.9                  # (R) EMA of per-layer gradient norms
+
+
+@dataclass(frozen=True)
+class QuantileConfig:
+    eta_c: float = 0.2
+    target_quantile: float = 0.5
+    noise_multiplier: float = 0.0      # σ_b of the clipped-count release (0: not private)
+
+
+@dataclass(frozen=True)
+class FedProxConfig:
+    mu: float = 0.01
+
+
+@dataclass(frozen=True)
+class Config:
+    method: str = "fedavg"
+    rounds: int = 10
+    seed: int = 0
+    num_clients: int = 10
+    local_epochs: int = 1
+    batch_size: int = 64
+    lr: float = 0.01
+    momentum: float = 0.0
+    eval_batch_size: int = 1000
+    data: DataConfig = field(default_factory=DataConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    lldm: LLDMConfig = field(default_factory=LLDMConfig)
+    adpc: ADPCConfig = field(default_factory=ADPCConfig)
+    cra: CRAConfig = field(default_factory=CRAConfig)
+    sam: SAMConfig = field(default_factory=SAMConfig)
+    fedacg: FedACGConfig = field(default_factory=FedACGConfig)
+    acdn: ACDNConfig = field(default_factory=ACDNConfig)
+    awdp: AWDPConfig = field(default_factory=AWDPConfig)
+    quantile: QuantileConfig = field(default_factory=QuantileConfig)
+    fedprox: FedProxConfig = field(default_factory=FedProxConfig)
+
+    def replace(self, **changes: Any) -> "Config":
+        return dataclasses.replace(self, **changes)
+
+
+# --------------------------------------------------------------------------- building
+
+def _fail(key: str, msg: str) -> typing.NoReturn:
+    raise ConfigError(f"config key '{key}': {msg}")
+
+
+def _coerce(key: str, value: Any, annotation: Any) -> Any:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(annotation)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(key, value, inner[0])
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        _fail(key, f"expected true/false, got {value!r}")
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or float(value) != int(value):
+            _fail(key, f"expected an integer, got {value!r}")
+        return int(value)
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            _fail(key, f"expected a number, got {value!r}")
+        return float(value)
+    if annotation is str:
+        if not isinstance(value, str):
+            _fail(key, f"expected a string, got {value!r}")
+        return value
+    return value
+
+
+def _build(cls: type, values: Mapping[str, Any], prefix: str = "") -> Any:
+    if not isinstance(values, Mapping):
+        _fail(prefix.rstrip(".") or "<root>", f"expected a mapping, got {values!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        _fail(prefix + unknown[0], f"unknown key; valid keys here: {', '.join(sorted(names))}")
+    kwargs = {}
+    for name, value in values.items():
+        ann = hints[name]
+        if dataclasses.is_dataclass(ann):
+            kwargs[name] = _build(ann, value if value is not None else {}, prefix + name + ".")
+        elif name == "method" and prefix == "" and isinstance(value, list):
+            kwargs[name] = value  # several methods: `raysim run` runs each in turn
+        else:
+            kwargs[name] = _coerce(prefix + name, value, ann)
+    return cls(**kwargs)
+
+
+def _choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        _fail(key, f"unknown value {value!r}; choose one of {', '.join(choices)}")
+
+
+def validate(cfg: Config) -> Config:
+    """Range checks that do not need the registries (methods and datasets check themselves)."""
+    for key in ("rounds", "num_clients", "local_epochs", "batch_size", "eval_batch_size"):
+        if getattr(cfg, key) < 1:
+            _fail(key, f"must be >= 1, got {getattr(cfg, key)}")
+    if cfg.seed < 0:
+        _fail("seed", f"must be >= 0, got {cfg.seed}")
+    if not cfg.lr > 0:
+        _fail("lr", f"must be > 0, got {cfg.lr}")
+    d, p, r = cfg.data, cfg.privacy, cfg.runtime
+    _choice("data.partition", d.partition, ("iid", "dirichlet", "shards"))
+    if not d.alpha > 0:
+        _fail("data.alpha", f"must be > 0, got {d.alpha}")
+    if not 0 <= d.val_fraction < 1:
+        _fail("data.val_fraction", f"must be in [0, 1), got {d.val_fraction}")
+    _choice("privacy.clipping", p.clipping, ("auto", "per_sample", "batch", "none"))
+    _choice("privacy.accountant", p.accountant, ("pld", "rdp"))
+    if p.epsilon is not None and p.noise_multiplier is not None:
+        _fail("privacy.epsilon", "give privacy.epsilon or privacy.noise_multiplier, not both")
+    if p.epsilon is not None and not p.epsilon > 0:
+        _fail("privacy.epsilon", f"must be > 0, got {p.epsilon}")
+    if p.noise_multiplier is not None and not p.noise_multiplier >= 0:
+        _fail("privacy.noise_multiplier", f"must be >= 0, got {p.noise_multiplier}")
+    if not 0 < p.delta < 1:
+        _fail("privacy.delta", f"must be in (0, 1), got {p.delta}")
+    if not p.clip_norm > 0:
+        _fail("privacy.clip_norm", f"must be > 0, got {p.clip_norm}")
+    _choice("runtime.executor", r.executor, ("ray", "serial"))
+    if r.num_actors is not None and r.num_actors < 1:
+        _fail("runtime.num_actors", f"must be >= 1, got {r.num_actors}")
+    if r.num_cpus_per_client is not None and not r.num_cpus_per_client > 0:
+        _fail("runtime.num_cpus_per_client", f"must be > 0, got {r.num_cpus_per_client}")
+    if r.num_gpus_per_client < 0:
+        _fail("runtime.num_gpus_per_client", f"must be >= 0, got {r.num_gpus_per_client}")
+    if r.gpu_memory_fraction is not None and not 0 < r.gpu_memory_fraction <= 1:
+        _fail("runtime.gpu_memory_fraction", f"must be in (0, 1], got {r.gpu_memory_fraction}")
+    if r.torch_threads < 1:
+        _fail("runtime.torch_threads", f"must be >= 1, got {r.torch_threads}")
+    _choice("adpc.norm_unit", cfg.adpc.norm_unit, ("per_step", "raw"))
+    if not 0 < cfg.adpc.smoothing <= 1:
+        _fail("adpc.smoothing", f"must be in (0, 1], got {cfg.adpc.smoothing}")
+    if not 0 < cfg.adpc.c_min <= cfg.adpc.c0:
+        _fail("adpc.c_min", f"must be in (0, adpc.c0], got {cfg.adpc.c_min}")
+    if not 0 <= cfg.cra.beta < 1:
+        _fail("cra.beta", f"must be in [0, 1), got {cfg.cra.beta}")
+    if not cfg.cra.rho >= 1:
+        _fail("cra.rho", f"must be >= 1 (else the ambiguity set can be empty), got {cfg.cra.rho}")
+    _choice("sam.mode", cfg.sam.mode, ("previous", "both"))
+    if not 0 < cfg.acdn.gamma <= 1:
+        _fail("acdn.gamma", f"must be in (0, 1], got {cfg.acdn.gamma}")
+    for key, val in (("lldm.reduction", cfg.lldm.reduction), ("lldm.keep_fraction", cfg.lldm.keep_fraction)):
+        if not 0 < val <= 1:
+            _fail(key, f"must be in (0, 1], got {val}")
+    return cfg
+
+
+def config_from_dict(values: Mapping[str, Any]) -> Config:
+    return validate(_build(Config, values))
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``key.sub=value`` with the value parsed as YAML (``8`` → 8, ``null`` → None, ``[a, b]`` → list)."""
+    if "=" not in text:
+        raise ConfigError(f"--set expects key=value, got {text!r}")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"--set expects key=value, got {text!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set {key}: cannot parse value {raw!r}: {exc}") from None
+    return key, value
+
+
+def apply_overrides(values: dict[str, Any], overrides: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Return a deep copy of ``values`` with dotted-key overrides applied."""
+    out = json.loads(json.dumps(values))
+    for key, value in overrides:
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"--set {key}: '{part}' is not a section")
+            node = nxt
+        node[parts[-1]] = value
+    return out
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        values = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: invalid YAML: {exc}") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"{p}: expected a mapping at the top level")
+    return values
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    values = read_yaml(path)
+    values = apply_overrides(values, [parse_override(o) for o in overrides or []])
+    return config_from_dict(values)
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def config_hash(cfg: Config) -> str:
+    """Stable hash of the resolved config (key order and float formatting independent)."""
+    blob = json.dumps(config_to_dict(cfg), sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def is_finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)

@@ -1,0 +1,26 @@
+"""Datasets (readers, on-disk cache), partitioners and local validation splits."""
+
+from raysim.data.partition import PARTITIONERS, partition, partition_stats, train_val_split
+from raysim.data.registry import (
+    DATASETS,
+    ArrayDataset,
+    DatasetInfo,
+    DatasetNotFoundError,
+    dataset_names,
+    load_dataset,
+    to_float_tensor,
+)
+
+__all__ = [
+    "DATASETS",
+    "ArrayDataset",
+    "DatasetInfo",
+    "DatasetNotFoundError",
+    "dataset_names",
+    "load_dataset",
+    "to_float_tensor",
+    "PARTITIONERS",
+    "partition",
+    "partition_stats",
+    "train_val_split",
+]

@@ -1,0 +1,147 @@
+"""The datasets raysim knows, and the one entry point that loads them.
+
+``load_dataset`` never touches the network unless ``download=True`` and never writes into the data
+root except through that download; decoded arrays go to a separate on-disk cache (see ``cache.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from raysim.data import cache as _cache
+from raysim.data import readers as _readers
+
+__all__ = [
+    "DatasetNotFoundError",
+    "DatasetInfo",
+    "ArrayDataset",
+    "DATASETS",
+    "SPLITS",
+    "dataset_names",
+    "load_dataset",
+    "to_float_tensor",
+]
+
+SPLITS = ("train", "test")
+
+
+class DatasetNotFoundError(ValueError):
+    """A dataset's files are not where the configuration says; the message says where to put them."""
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """Static facts about a dataset; ``mean``/``std`` are per channel, in [0, 1] pixel units."""
+
+    name: str
+    num_classes: int
+    channels: int
+    image_size: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class ArrayDataset:
+    """A whole split in memory: ``x`` uint8 (N, H, W, C) channels-last, ``y`` int64 (N,)."""
+
+    x: np.ndarray
+    y: np.ndarray
+    info: DatasetInfo
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+
+DATASETS: dict[str, DatasetInfo] = {
+    # Computed from the train split produced by readers.read_digits (1,438 images), pixels / 255.
+    "digits": DatasetInfo("digits", 10, 1, 8, (0.3053,), (0.3759,)),
+    "cifar10": DatasetInfo("cifar10", 10, 3, 32, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "svhn": DatasetInfo("svhn", 10, 3, 32, (0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970)),
+    "stl10": DatasetInfo("stl10", 10, 3, 96, (0.4467, 0.4398, 0.4066), (0.2603, 0.2566, 0.2713)),
+}
+
+_PRETTY = {"cifar10": "CIFAR-10", "svhn": "SVHN", "stl10": "STL-10"}
+
+
+def dataset_names() -> list[str]:
+    """Names accepted by :func:`load_dataset`, sorted."""
+    return sorted(DATASETS)
+
+
+def _not_found(name: str, split: str, root: Path, tried: list[str], downloaded: bool) -> DatasetNotFoundError:
+    listing = "; ".join(tried)
+    if downloaded:
+        how = (f"torchvision's download into {root / name} finished but its files were not found there; "
+               f"check the folder's contents")
+    else:
+        how = (f"to get it, set data.download: true on a machine with internet (torchvision then writes the "
+               f"official files under {root / name}), or put the Hugging Face Parquet export at "
+               f"{root / name}/{split}-*.parquet")
+    return DatasetNotFoundError(
+        f"{_PRETTY[name]} split {split!r} not found under data root {root}. Looked for: {listing}. {how}.")
+
+
+def _load_files(name: str, split: str, root: str | None, download: bool,
+                cache_dir: str | None) -> tuple[np.ndarray, np.ndarray]:
+    info = DATASETS[name]
+    if root is None:
+        raise DatasetNotFoundError(
+            f"dataset {name!r} is read from files, so a data root is required: pass --data-root or set "
+            f"data.root to the folder that holds {name}/ (Hugging Face Parquet or the official release files)")
+    root_path = Path(os.path.expanduser(root)).absolute()
+    source, tried = _readers.locate(name, split, root_path)
+    if source is None and download:
+        _readers.download_with_torchvision(name, split, root_path / name)
+        source, tried = _readers.locate(name, split, root_path)
+    if source is None:
+        raise _not_found(name, split, root_path, tried, downloaded=download)
+
+    folder = Path(cache_dir).expanduser() if cache_dir is not None else _cache.default_cache_dir()
+    key = _cache.cache_key(name, split, source.kind, source.files)
+    hit = _cache.load_cached(folder, name, split, key)
+    if hit is not None:
+        return hit
+    x, y = _readers.read_source(source, info.image_size, info.channels, info.num_classes)
+    _cache.save_cached(folder, name, split, key, x, y)
+    return x, y
+
+
+def load_dataset(name: str, split: str, root: str | None, *, download: bool = False,
+                 cache_dir: str | None = None) -> ArrayDataset:
+    """Load one split of a dataset as uint8 images and int64 labels.
+
+    ``digits`` comes from scikit-learn and ignores ``root``. The others are read from ``root`` (see
+    :mod:`raysim.data.readers` for the layouts searched) and cached, decoded, in ``cache_dir``
+    (default ``$RAYSIM_CACHE_DIR``, ``$XDG_CACHE_HOME/raysim`` or ``~/.cache/raysim``).
+
+    Raises ``ValueError`` for an unknown name or split, and :class:`DatasetNotFoundError` (also a
+    ``ValueError``) naming every path tried when the files are missing and ``download`` is false.
+    """
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(dataset_names())}")
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+    if name == "digits":
+        x, y = _readers.read_digits(split)
+    else:
+        x, y = _load_files(name, split, root, download, cache_dir)
+    return ArrayDataset(x=x, y=y, info=DATASETS[name])
+
+
+def to_float_tensor(x: np.ndarray, info: DatasetInfo) -> torch.Tensor:
+    """uint8 (N, H, W, C) → contiguous float32 (N, C, H, W), normalised as ``(x/255 - mean) / std``."""
+    if x.dtype != np.uint8 or x.ndim != 4 or x.shape[-1] != info.channels:
+        raise ValueError(f"expected uint8 images of shape (N, H, W, {info.channels}), "
+                         f"got {x.dtype} {tuple(x.shape)}")
+    # torch.from_numpy cannot wrap read-only arrays (np.load'ed or memory-mapped) without a warning.
+    arr = x if x.flags.writeable else x.copy()
+    out = torch.from_numpy(arr).permute(0, 3, 1, 2).to(torch.float32).div_(255.0)
+    mean = torch.tensor(info.mean, dtype=torch.float32).view(1, -1, 1, 1)
+    std = torch.tensor(info.std, dtype=torch.float32).view(1, -1, 1, 1)
+    return out.sub_(mean).div_(std).contiguous()

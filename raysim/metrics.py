@@ -1,0 +1,50 @@
+"""Classification metrics computed the same way on the server and the clients."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+def macro_f1(y_true: np.ndarray, y_pred: np.ndarray, num_classes: int) -> float:
+    """Macro-F1 over the classes present in ``y_true`` or ``y_pred`` (scikit-learn's convention)."""
+    y_true = np.asarray(y_true, dtype=np.int64)
+    y_pred = np.asarray(y_pred, dtype=np.int64)
+    if y_true.size == 0:
+        return 0.0
+    cm = np.bincount(y_true * num_classes + y_pred, minlength=num_classes * num_classes).reshape(num_classes, num_classes)
+    tp = np.diag(cm).astype(np.float64)
+    support = cm.sum(axis=1)
+    predicted = cm.sum(axis=0)
+    present = (support + predicted) > 0
+    denom = support + predicted
+    f1 = np.divide(2 * tp, denom, out=np.zeros_like(tp), where=denom > 0)
+    return float(f1[present].mean())
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    accuracy: float
+    f1: float
+    loss: float
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, batch_size: int = 1000) -> Evaluation:
+    """Accuracy, macro-F1 and mean cross-entropy of ``model`` on (x, y)."""
+    model.eval()
+    preds, loss_sum = [], 0.0
+    for start in range(0, len(y), batch_size):
+        logits = model(x[start:start + batch_size])
+        loss_sum += float(F.cross_entropy(logits, y[start:start + batch_size], reduction="sum"))
+        preds.append(logits.argmax(dim=1))
+    model.train()
+    if not preds:
+        return Evaluation(0.0, 0.0, float("nan"))
+    pred = torch.cat(preds).numpy()
+    truth = y.numpy()
+    return Evaluation(float((pred == truth).mean()), macro_f1(truth, pred, num_classes), loss_sum / len(y))

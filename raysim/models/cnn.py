@@ -1,0 +1,84 @@
+"""The paper's backbone (SPEC §1, reconstructed): 2 conv + 2 FC, shaped by the input.
+
+``Conv(c→32, 5x5, pad 2) → ReLU → MaxPool2 → Conv(32→64, 5x5, pad 2) → ReLU → MaxPool2
+→ [LLDM: 1x1 conv 64→⌈r·64⌉ (no bias) → ReLU → top-k gradient sparsifier] → flatten
+→ FC(·→512) → ReLU → FC(512→num_classes)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from raysim.models.lldm import TopKGradSparsifier
+
+
+class CNN(nn.Module):
+    """Backbone CNN, optionally with the LLDM block of FedDimDP after the last conv block.
+
+    Only ``Conv2d`` and ``Linear`` layers carry parameters, which is what raysim's per-sample
+    gradient engine supports.
+    """
+
+    def __init__(self, in_channels: int, image_size: int, num_classes: int,
+                 lldm_reduction: float | None = None, lldm_keep_fraction: float | None = None,
+                 hidden: int = 512) -> None:
+        super().__init__()
+        if image_size % 4 != 0:
+            raise ValueError(f"image_size must be divisible by 4 (two 2x2 pools), got {image_size}")
+        self.conv1 = nn.Conv2d(in_channels, 32, kernel_size=5, padding=2)
+        self.conv2 = nn.Conv2d(32, 64, kernel_size=5, padding=2)
+        self.pool = nn.MaxPool2d(2)
+        channels = 64
+        self.reduce: nn.Conv2d | None = None
+        self.sparsify: TopKGradSparsifier | None = None
+        if lldm_reduction is not None:
+            if not 0.0 < lldm_reduction <= 1.0:
+                raise ValueError(f"lldm.reduction must be in (0, 1], got {lldm_reduction}")
+            reduced = math.ceil(lldm_reduction * channels)
+            self.reduce = nn.Conv2d(channels, reduced, kernel_size=1, bias=False)
+            channels = reduced
+            if lldm_keep_fraction is not None:
+                self.sparsify = TopKGradSparsifier(lldm_keep_fraction)
+        spatial = image_size // 4
+        self.fc1 = nn.Linear(channels * spatial * spatial, hidden)
+        self.fc2 = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(torch.relu(self.conv1(x)))
+        x = self.pool(torch.relu(self.conv2(x)))
+        if self.reduce is not None:
+            x = torch.relu(self.reduce(x))
+            if self.sparsify is not None:
+                x = self.sparsify(x)
+        x = torch.flatten(x, 1)
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def build_model(in_channels: int, image_size: int, num_classes: int, *, lldm: bool = False,
+                lldm_reduction: float = 0.5, lldm_keep_fraction: float = 0.5) -> CNN:
+    """CNN factory. ``lldm=True`` adds FedDimDP's channel reduction and gradient sparsifier."""
+    if lldm:
+        return CNN(in_channels, image_size, num_classes, lldm_reduction, lldm_keep_fraction)
+    return CNN(in_channels, image_size, num_classes)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def init_parameters(model: nn.Module, generator: torch.Generator) -> None:
+    """PyTorch's default Conv2d/Linear initialisation, drawn from an explicit generator.
+
+    (kaiming-uniform with a=√5 for weights, U(±1/√fan_in) for biases), so the initial global
+    model depends only on the run's seed, never on the global RNG.
+    """
+    for module in model.modules():
+        if isinstance(module, (nn.Conv2d, nn.Linear)):
+            nn.init.kaiming_uniform_(module.weight, a=math.sqrt(5), generator=generator)
+            if module.bias is not None:
+                fan_in = module.weight[0].numel()
+                bound = 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
+                nn.init.uniform_(module.bias, -bound, bound, generator=generator)

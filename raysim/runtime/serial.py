@@ -1,0 +1,26 @@
+"""Serial executor: every client in this process, in client-id order (unit tests, debugging)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from raysim.client import ClientRunner
+from raysim.config import Config
+from raysim.types import ClientData, ClientResult, ClientTask, RoundPayload
+
+
+class SerialExecutor:
+    """Runs the same client code as the Ray actors, without Ray."""
+
+    def __init__(self) -> None:
+        self.runner: ClientRunner | None = None
+
+    def start(self, cfg: Config, clipping: str, train: Any, clients: Sequence[ClientData]) -> None:
+        self.runner = ClientRunner(cfg, clipping, train, clients)
+
+    def run_round(self, payload: RoundPayload, tasks: Sequence[ClientTask]) -> list[ClientResult]:
+        assert self.runner is not None, "start() first"
+        return sorted((self.runner.train(payload, t) for t in tasks), key=lambda r: r.client_id)
+
+    def shutdown(self) -> None:
+        self.runner = None

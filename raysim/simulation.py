@@ -1,0 +1,168 @@
+"""The one round loop, written against the executor interface.
+
+``Simulation`` owns the server side of a run: partitions, privacy plan, global model, the
+method's server strategy and the per-client privacy ledgers. It yields one record per round;
+whoever drives it (the CLI in-process, or the driver actor on Ray) writes the records.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Protocol, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from torch.nn.utils import parameters_to_vector
+
+from raysim.algorithms.base import MethodContext
+from raysim.algorithms.registry import get_method
+from raysim.client import layer_slices, model_for
+from raysim.config import Config, ConfigError
+from raysim.data import ArrayDataset, partition, partition_stats, to_float_tensor, train_val_split
+from raysim.metrics import evaluate
+from raysim.models import count_parameters, init_parameters
+from raysim.privacy.accounting import PrivacyLedger, epsilon_many
+from raysim.privacy.plan import accounting_factor, not_covered, plan_noise, resolve_clipping, round_events, side_channels
+from raysim.rng import np_generator, torch_generator
+from raysim.training import sample_rate, steps_per_epoch
+from raysim.types import ClientData, ClientResult, ClientTask, RoundPayload
+
+
+class Executor(Protocol):
+    """Where the clients of a run execute (serial in-process, or Ray actors)."""
+
+    def start(self, cfg: Config, clipping: str, train: Any, clients: Sequence[ClientData]) -> None: ...
+    def run_round(self, payload: RoundPayload, tasks: Sequence[ClientTask]) -> list[ClientResult]: ...
+    def shutdown(self) -> None: ...
+
+
+@dataclass
+class SetupRecord:
+    """Facts fixed before round 1."""
+
+    partition_stats: pd.DataFrame
+    num_params: int
+    clipping: str
+    noise_multipliers: list[float]
+    not_covered_by_epsilon: str
+    setup_seconds: float
+
+
+@dataclass
+class RoundRecord:
+    server_round: int
+    round_row: dict[str, Any]
+    client_rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+def make_partition(cfg: Config, labels: np.ndarray) -> list[ClientData]:
+    """Seeded partition of the train labels into clients, each with a local validation split."""
+    d = cfg.data
+    if cfg.num_clients > len(labels):
+        raise ConfigError(f"num_clients={cfg.num_clients} is more than the {len(labels)} training samples of {d.name}")
+    parts = partition(labels, cfg.num_clients, d.partition, np_generator(cfg.seed, "partition"), alpha=d.alpha,
+                      min_samples_per_client=d.min_samples_per_client, shards_per_client=d.shards_per_client,
+                      shard_size_sigma=d.shard_size_sigma)
+    clients = []
+    for cid, idx in enumerate(parts):
+        tr, va = train_val_split(idx, d.val_fraction, np_generator(cfg.seed, "val-split", 0, cid))
+        if len(tr) == 0:
+            raise ConfigError(f"client {cid} has no training samples after the validation split; "
+                              f"lower data.val_fraction or num_clients")
+        clients.append(ClientData(cid, tr, va))
+    return clients
+
+
+class Simulation:
+    """One run's server side. Iterate :meth:`run` to execute it round by round."""
+
+    def __init__(self, cfg: Config, train: ArrayDataset, test: ArrayDataset, executor: Executor,
+                 train_handle: Any = None) -> None:
+        start = time.perf_counter()
+        torch.set_num_threads(cfg.runtime.torch_threads)
+        self.cfg = cfg
+        self.spec = get_method(cfg.method)
+        self.clipping = resolve_clipping(self.spec, cfg)
+        self.executor = executor
+        self.clients = make_partition(cfg, train.y)
+        stats = [partition_stats(train.y, [c.train_indices for c in self.clients], train.info.num_classes).assign(split="train"),
+                 partition_stats(train.y, [c.val_indices for c in self.clients], train.info.num_classes).assign(split="val")]
+        n = np.array([len(c.train_indices) for c in self.clients])
+        self.q = np.array([sample_rate(int(k), cfg.batch_size) for k in n])
+        self.steps = np.array([steps_per_epoch(int(k), cfg.batch_size) * cfg.local_epochs for k in n])
+        self.sigmas = plan_noise(self.spec, cfg, self.clipping, self.q, self.steps)
+        self.factor = accounting_factor(self.clipping, self.spec.client.releases_per_step) if self.clipping != "none" else 0.0
+        self.channels = side_channels(self.spec, cfg)
+        self.ledgers = [PrivacyLedger(cfg.privacy.delta, cfg.privacy.accountant) for _ in self.clients]
+        self.model = model_for(cfg, train.info, self.spec.lldm)
+        init_parameters(self.model, torch_generator(cfg.seed, "model-init"))
+        self.info = test.info
+        self.test_x = to_float_tensor(test.x, test.info)
+        self.test_y = torch.from_numpy(test.y.astype(np.int64))
+        if cfg.data.test_subsample is not None and cfg.data.test_subsample < len(self.test_y):
+            keep = np.sort(np_generator(cfg.seed, "test-subsample").choice(len(self.test_y), cfg.data.test_subsample, replace=False))
+            self.test_x, self.test_y = self.test_x[keep], self.test_y[keep]
+        with torch.no_grad():
+            self.weights = parameters_to_vector(self.model.parameters()).detach().clone()
+        ctx = MethodContext(cfg, self.clipping, int(self.weights.numel()), layer_slices(self.model), n, self.steps, self.sigmas)
+        self.server = self.spec.server(ctx)
+        self.client_states: dict[int, Any] = {}
+        executor.start(cfg, self.clipping, train if train_handle is None else train_handle, self.clients)
+        self.setup = SetupRecord(pd.concat(stats, ignore_index=True), count_parameters(self.model), self.clipping,
+                                 [float(s) for s in self.sigmas], not_covered(self.spec, cfg, self.clipping),
+                                 time.perf_counter() - start)
+
+    def run(self) -> Iterator[RoundRecord]:
+        for t in range(1, self.cfg.rounds + 1):
+            yield self.round(t)
+
+    def round(self, t: int) -> RoundRecord:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        payload = self.server.payload(t, self.weights)
+        tasks = self.server.tasks(t, self.client_states)
+        results = self.executor.run_round(payload, tasks)
+        t1 = time.perf_counter()
+        if [r.client_id for r in results] != list(range(cfg.num_clients)):
+            raise RuntimeError(f"round {t}: executor returned clients {[r.client_id for r in results]}")
+        for r in results:
+            self.client_states[r.client_id] = r.client_state
+        agg = self.server.aggregate(t, self.weights, results)
+        self.weights = agg.global_weights
+        t2 = time.perf_counter()
+        for task, ledger in zip(tasks, self.ledgers):
+            if self.clipping != "none":
+                cid = task.client_id
+                for ev in round_events(float(self.q[cid]), int(self.steps[cid]), task.noise_multiplier, self.factor, self.channels):
+                    ledger.record(ev)
+        eps = epsilon_many(self.ledgers) if self.clipping != "none" else [math.inf] * cfg.num_clients
+        t3 = time.perf_counter()
+        from torch.nn.utils import vector_to_parameters
+        vector_to_parameters(self.weights.clone(), self.model.parameters())
+        ev = evaluate(self.model, self.test_x, self.test_y, self.info.num_classes, cfg.eval_batch_size)
+        t4 = time.perf_counter()
+        clip = tasks[0].clip_norm
+        clip_total = float(np.sqrt(np.sum(np.square(clip)))) if isinstance(clip, tuple) else float(clip)
+        slowest = max(r.seconds for r in results)
+        round_row = {
+            "round": t, "test_accuracy": ev.accuracy, "test_f1": ev.f1, "test_loss": ev.loss,
+            "clip_norm": clip_total, "epsilon": float(max(eps)), "mean_train_loss": float(np.mean([r.train_loss for r in results])),
+            "round_seconds": t4 - t0, "client_train_seconds": slowest, "communication_seconds": max(0.0, (t1 - t0) - slowest),
+            "aggregation_seconds": t2 - t1, "accounting_seconds": t3 - t2, "eval_seconds": t4 - t3,
+            **agg.round_logs,
+        }
+        client_rows = []
+        for r, task, e, logs in zip(results, tasks, eps, agg.client_logs or [{}] * len(results)):
+            row = {"round": t, "client_id": r.client_id, "num_samples": r.num_samples, "num_steps": r.num_steps,
+                   "train_loss": r.train_loss, "update_norm": float(r.delta.norm()), "frac_clipped": r.frac_clipped,
+                   "clip_norm": clip_total, "noise_multiplier": task.noise_multiplier, "epsilon": float(e),
+                   "val_f1": r.val_f1, "client_seconds": r.seconds}
+            row.update(logs)
+            client_rows.append(row)
+        return RoundRecord(t, round_row, client_rows)
+
+    def final_weights(self) -> torch.Tensor:
+        return self.weights

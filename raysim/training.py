@@ -1,0 +1,87 @@
+"""The one local training loop; every method runs it, changing only its hooks.
+
+Privacy assumptions (SPEC §2): record-level DP for one client's local data; in the DP modes
+each step's batch is drawn by Poisson sampling with rate q = B / n_i (independently per
+example), so the subsampled-Gaussian accountant applies; each step makes
+``hooks.releases_per_step`` Gaussian releases on that batch. Everything the hooks add after
+``privatize`` depends only on DP outputs and public values (post-processing).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from raysim.algorithms.base import ClientHooks
+from raysim.privacy.clipping import privatize
+from raysim.privacy.grad_sample import GradSampleEngine
+from raysim.rng import np_generator, torch_generator
+
+
+def steps_per_epoch(num_samples: int, batch_size: int) -> int:
+    """⌈n_i / B⌉ local steps per epoch (SPEC §2: T·E·⌈n_i/B⌉ steps in all)."""
+    return max(1, math.ceil(num_samples / batch_size))
+
+
+def sample_rate(num_samples: int, batch_size: int) -> float:
+    """Poisson sampling rate q = B / n_i (1 when the client holds fewer than B examples)."""
+    return min(1.0, batch_size / num_samples)
+
+
+@dataclass(frozen=True)
+class LocalStats:
+    num_steps: int
+    train_loss: float
+    frac_clipped: float
+
+
+def local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, hooks: ClientHooks, *, clipping: str,
+                engine: GradSampleEngine, per_layer: bool, seed: int, client_id: int) -> LocalStats:
+    """Run E local epochs of (DP-)SGD on (x, y) in place on ``model``.
+
+    Random streams: batches from ``(seed, "batches", round, client)``, noise from
+    ``(seed, "dp-noise", round, client, step, release)`` — independent of where this runs.
+    """
+    cfg, task = hooks.cfg, hooks.task
+    n, batch_size = len(y), cfg.batch_size
+    params = [p for p in model.parameters()]
+    optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum)
+    batch_rng = np_generator(seed, "batches", task.server_round, client_id)
+    q = sample_rate(n, batch_size)
+    expected_batch = q * n
+    per_epoch = steps_per_epoch(n, batch_size)
+    losses, clipped, seen, step = [], 0, 0, 0
+    for _epoch in range(cfg.local_epochs):
+        order = batch_rng.permutation(n) if clipping == "none" else None
+        for k in range(per_epoch):
+            if order is None:
+                idx = np.flatnonzero(batch_rng.random(n) < q)      # Poisson sampling
+            else:
+                idx = np.sort(order[k * batch_size:(k + 1) * batch_size])
+            xb, yb = x[idx], y[idx]
+            release = iter(range(hooks.releases_per_step))
+
+            def compute(xb=xb, yb=yb, step=step):
+                gen = torch_generator(seed, "dp-noise", task.server_round, client_id, step, next(release))
+                return privatize(model, xb, yb, mode=clipping, clip_norm=task.clip_norm,
+                                 noise_multiplier=task.noise_multiplier, expected_batch_size=expected_batch,
+                                 generator=gen, engine=engine, per_layer=per_layer)
+
+            private = hooks.private_gradient(params, compute)
+            extra = hooks.extra_gradient(params)
+            for i, p in enumerate(params):
+                g = private.grads[i]
+                p.grad = g if extra is None else g + extra[i]
+            optimizer.step()
+            if len(idx):
+                losses.append((private.loss_mean, len(idx)))
+            clipped += private.num_clipped
+            seen += private.batch_size
+            step += 1
+    total = sum(c for _, c in losses)
+    train_loss = sum(l * c for l, c in losses) / total if total else float("nan")
+    return LocalStats(step, float(train_loss), clipped / seen if seen else 0.0)

@@ -1,0 +1,251 @@
+"""Per-example clipping engines against a naive per-example loop (float64, so 1e-5 is meaningful)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from raysim.models.cnn import build_model
+from raysim.privacy.grad_sample import (
+    ENGINES, BookKeepingEngine, make_engine, parametrised_layers, register_engine,
+)
+
+TOL = dict(rtol=1e-5, atol=1e-7)
+
+
+def per_example_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[list[torch.Tensor]]:
+    """Loop over examples: zero_grad, backward of that example's loss alone, copy the grads."""
+    params = list(model.parameters())
+    out = []
+    for i in range(x.shape[0]):
+        model.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x[i:i + 1]), y[i:i + 1], reduction="sum").backward()
+        out.append([p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params])
+    model.zero_grad(set_to_none=True)
+    return out
+
+
+def naive(model: nn.Module, examples: list[list[torch.Tensor]], thresholds, per_layer: bool = False):
+    """Clip each example's gradient (flat or per layer) and accumulate, from ``per_example_grads``."""
+    params = list(model.parameters())
+    position = {id(p): j for j, p in enumerate(params)}
+    layer_ids = [[position[id(p)] for p in layer.parameters(recurse=False)] for layer in parametrised_layers(model)]
+    acc = [torch.zeros_like(p) for p in params]
+    norms, layer_norms, clipped, clipped_grads = [], [], 0, []
+    for grads in examples:
+        per_layer_sq = torch.stack([sum(grads[j].pow(2).sum() for j in ids) for ids in layer_ids])
+        norm = per_layer_sq.sum().sqrt()
+        norms.append(norm)
+        layer_norms.append(per_layer_sq.sqrt())
+        if per_layer:
+            scale = [1.0] * len(params)
+            for ids, sq, c in zip(layer_ids, per_layer_sq, thresholds):
+                for j in ids:
+                    scale[j] = min(1.0, c / (float(sq.sqrt()) + 1e-6))
+            clipped += int(any(float(sq.sqrt()) > c for sq, c in zip(per_layer_sq, thresholds)))
+            scaled = [g * f for g, f in zip(grads, scale)]
+        else:
+            factor = min(1.0, thresholds / (float(norm) + 1e-6))
+            clipped += int(float(norm) > thresholds)
+            scaled = [g * factor for g in grads]
+        clipped_grads.append(scaled)
+        acc = [a + s for a, s in zip(acc, scaled)]
+    return acc, torch.stack(norms), torch.stack(layer_norms), clipped, clipped_grads
+
+
+class OddConvNet(nn.Module):
+    """Strided/dilated conv, 'same' + reflect padding, a Linear on 3-D input, a Linear reused."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 6, 3, stride=2, dilation=2, padding=1)
+        self.conv2 = nn.Conv2d(6, 5, (3, 2), padding="same", padding_mode="reflect", dilation=(1, 2))
+        self.mix = nn.Linear(5, 5)          # on (B, 25, 5): positions share the weight
+        self.shared = nn.Linear(40, 40)     # called twice
+        self.head = nn.Linear(40, 4, bias=False)
+
+    def forward(self, x):
+        x = torch.relu(self.conv2(torch.relu(self.conv1(x))))      # (B, 5, 5, 5) for 11x11 input
+        x = torch.tanh(self.mix(x.flatten(2).transpose(1, 2)))     # (B, 25, 5)
+        x = x.reshape(x.shape[0], -1)[:, :40]
+        x = torch.tanh(self.shared(torch.tanh(self.shared(x))))
+        return self.head(x)
+
+
+def _between_middle(values: torch.Tensor) -> float:
+    ordered = values.sort().values
+    mid = len(ordered) // 2
+    return float(ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _data(shape, classes, batch=8, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn((batch, *shape), generator=gen, dtype=torch.float64),
+            torch.randint(0, classes, (batch,), generator=gen))
+
+
+def _model(kind: str) -> tuple[nn.Module, tuple[int, ...], int]:
+    torch.manual_seed(0)
+    if kind == "cnn32":
+        return build_model(3, 32, 10).double(), (3, 32, 32), 10
+    if kind == "cnn32_lldm":
+        return build_model(3, 32, 10, lldm=True).double(), (3, 32, 32), 10
+    if kind == "cnn8_gray":   # conv2 here takes the ghost-norm path (L² = 256 < 64·800)
+        return build_model(1, 8, 10).double(), (1, 8, 8), 10
+    return OddConvNet().double(), (3, 11, 11), 4
+
+
+MODELS = ["cnn32", "cnn32_lldm", "cnn8_gray", "odd_conv"]
+
+
+def _assert_grads_close(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        torch.testing.assert_close(g, w, **TOL)
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_bk_matches_naive_loop_flat(kind):
+    model, shape, classes = _model(kind)
+    x, y = _data(shape, classes)
+    examples = per_example_grads(model, x, y)
+    _, norms, _, _, _ = naive(model, examples, 1.0)
+    clip = _between_middle(norms)  # half the examples get clipped, none sits at the threshold
+    want, norms, layer_norms, clipped, per_example = naive(model, examples, clip)
+    assert 0 < clipped < x.shape[0]
+    for grads in per_example:  # the thing being summed really is clipped
+        assert float(torch.sqrt(sum(g.pow(2).sum() for g in grads))) <= clip * (1 + 1e-9)
+    res = make_engine("bk").clipped_sum(model, x, y, clip)
+    _assert_grads_close(res.grads, want)
+    torch.testing.assert_close(res.per_example_norms, norms, **TOL)
+    torch.testing.assert_close(res.per_layer_norms, layer_norms, **TOL)
+    assert res.num_clipped == clipped
+    expected_loss = F.cross_entropy(model(x), y, reduction="sum").item()
+    assert res.loss_sum == pytest.approx(expected_loss, rel=1e-9)
+    assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.parametrize("kind", ["cnn32_lldm", "cnn8_gray", "odd_conv"])
+def test_bk_matches_naive_loop_per_layer(kind):
+    model, shape, classes = _model(kind)
+    x, y = _data(shape, classes, seed=1)
+    examples = per_example_grads(model, x, y)
+    _, _, layer_norms, _, _ = naive(model, examples, 1.0)
+    thresholds = [_between_middle(layer_norms[:, k]) for k in range(layer_norms.shape[1])]
+    want, _, _, clipped, _ = naive(model, examples, thresholds, per_layer=True)
+    assert 0 < clipped <= x.shape[0]
+    res = make_engine("bk").clipped_sum(model, x, y, thresholds, per_layer=True)
+    _assert_grads_close(res.grads, want)
+    assert res.num_clipped == clipped
+
+
+def test_single_example_clipped_sum_has_norm_at_most_c():
+    model, shape, classes = _model("cnn32_lldm")
+    x, y = _data(shape, classes, batch=4, seed=2)
+    for i in range(4):
+        res = make_engine("bk").clipped_sum(model, x[i:i + 1], y[i:i + 1], 0.05)
+        norm = torch.sqrt(sum(g.pow(2).sum() for g in res.grads))
+        assert res.per_example_norms[0] > 0.05  # really clipped, not trivially small
+        assert float(norm) <= 0.05 * (1 + 1e-9)
+        assert float(norm) == pytest.approx(0.05, rel=1e-4)
+
+
+def test_lldm_sparsifier_changes_gradients():
+    """Guard against a vacuous LLDM test: with κ = 1 the gradients differ from κ = 0.5."""
+    torch.manual_seed(0)
+    sparse = build_model(3, 32, 10, lldm=True).double()
+    torch.manual_seed(0)
+    dense = build_model(3, 32, 10, lldm=True, lldm_keep_fraction=1.0).double()
+    x, y = _data((3, 32, 32), 10)
+    a = make_engine("bk").clipped_sum(sparse, x, y, 1e6)
+    b = make_engine("bk").clipped_sum(dense, x, y, 1e6)
+    assert not torch.allclose(a.grads[0], b.grads[0])
+    torch.testing.assert_close(a.grads[-1], b.grads[-1])  # layers above the sparsifier agree
+
+
+def test_float32_close_to_float64():
+    model, shape, classes = _model("cnn32_lldm")
+    x, y = _data(shape, classes)
+    want = make_engine("bk").clipped_sum(model, x, y, 0.5)
+    res = make_engine("bk").clipped_sum(model.float(), x.float(), y, 0.5)
+    for g, w in zip(res.grads, want.grads):
+        torch.testing.assert_close(g.double(), w, rtol=1e-4, atol=1e-5 * float(w.abs().max()))
+    torch.testing.assert_close(res.per_example_norms.double(), want.per_example_norms, rtol=1e-4, atol=0)
+
+
+@pytest.mark.parametrize("per_layer", [False, True])
+@pytest.mark.parametrize("kind", ["cnn8_gray", "odd_conv"])
+def test_vmap_engine_agrees_with_bk(kind, per_layer):
+    model, shape, classes = _model(kind)
+    x, y = _data(shape, classes, seed=3)
+    k = len(parametrised_layers(model))
+    clip = [0.3] * k if per_layer else 0.5
+    bk = make_engine("bk").clipped_sum(model, x, y, clip, per_layer=per_layer)
+    vm = make_engine("vmap").clipped_sum(model, x, y, clip, per_layer=per_layer)
+    _assert_grads_close(vm.grads, bk.grads)
+    torch.testing.assert_close(vm.per_layer_norms, bk.per_layer_norms, **TOL)
+    assert vm.num_clipped == bk.num_clipped > 0
+    assert vm.loss_sum == pytest.approx(bk.loss_sum, rel=1e-9)
+
+
+def test_frozen_layer_gets_zero_grad_and_no_norm():
+    model, shape, classes = _model("cnn8_gray")
+    model.conv1.weight.requires_grad_(False)
+    x, y = _data(shape, classes)
+    want, norms, _, _, _ = naive(model, per_example_grads(model, x, y), 0.2)
+    res = make_engine("bk").clipped_sum(model, x, y, 0.2)
+    _assert_grads_close(res.grads, want)
+    torch.testing.assert_close(res.per_example_norms, norms, **TOL)
+    assert torch.count_nonzero(res.grads[0]) == 0 and torch.count_nonzero(res.grads[1]) > 0
+
+
+@pytest.mark.parametrize("name", ["bk", "vmap"])
+def test_empty_batch(name):
+    model, shape, classes = _model("cnn8_gray")
+    x, y = torch.zeros((0, *shape), dtype=torch.float64), torch.zeros(0, dtype=torch.long)
+    res = make_engine(name).clipped_sum(model, x, y, 1.0)
+    assert res.num_clipped == 0 and res.loss_sum == 0.0
+    assert res.per_example_norms.shape == (0,)
+    assert res.per_layer_norms.shape == (0, 4)
+    assert [g.shape for g in res.grads] == [p.shape for p in model.parameters()]
+    assert all(torch.count_nonzero(g) == 0 for g in res.grads)
+
+
+@pytest.mark.parametrize("module, x, match", [
+    (nn.Sequential(nn.Linear(12, 8), nn.BatchNorm1d(8), nn.Linear(8, 3)), torch.randn(2, 12),
+     "'1' is a BatchNorm1d"),
+    (nn.Sequential(nn.Conv2d(2, 4, 1, groups=2), nn.Flatten(), nn.Linear(16, 3)), torch.randn(2, 2, 2, 2),
+     "'0'.*groups=2"),
+])
+def test_unsupported_modules_are_named(module, x, match):
+    with pytest.raises(ValueError, match=match):
+        BookKeepingEngine().clipped_sum(module, x, torch.tensor([0, 1]), 1.0)
+
+
+def test_inplace_modified_output_is_refused():
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(inplace=True), nn.Linear(4, 2))
+    with pytest.raises(ValueError, match="in place"):
+        make_engine("bk").clipped_sum(model, torch.randn(3, 4), torch.tensor([0, 1, 0]), 1.0)
+
+
+def test_threshold_validation():
+    model, shape, classes = _model("cnn8_gray")
+    x, y = _data(shape, classes, batch=2)
+    with pytest.raises(ValueError, match="4 thresholds"):
+        make_engine("bk").clipped_sum(model, x, y, [1.0, 1.0], per_layer=True)
+    with pytest.raises(ValueError, match="per_layer=True"):
+        make_engine("bk").clipped_sum(model, x, y, [1.0] * 4)
+    with pytest.raises(ValueError, match="> 0"):
+        make_engine("bk").clipped_sum(model, x, y, 0.0)
+
+
+def test_registry():
+    assert {"bk", "vmap"} <= set(ENGINES)
+    assert make_engine("bk").name == "bk" and make_engine().name == "bk"
+    with pytest.raises(ValueError, match="already registered"):
+        register_engine("bk")(type("Other", (), {}))
+    with pytest.raises(ValueError, match="unknown"):
+        make_engine("nope")
