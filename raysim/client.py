@@ -15,6 +15,7 @@ from raysim.data import ArrayDataset, to_float_tensor
 from raysim.metrics import evaluate
 from raysim.models import build_model
 from raysim.privacy.grad_sample import make_engine, parametrised_layers
+from raysim.rng import np_generator
 from raysim.training import local_train
 from raysim.types import ClientData, ClientResult, ClientTask, RoundPayload
 
@@ -78,6 +79,11 @@ class ClientRunner:
         val_f1 = None
         if self.spec.server.uses_val_f1:
             val_f1 = evaluate(model, xv, yv, self.info.num_classes, self.cfg.eval_batch_size).f1 if len(yv) else 0.0
+            if self.cfg.cra.private_val_f1:
+                # Gaussian release of q_i (accounted in the ledger), clamped to [0, 1] (post-processing).
+                noise = np_generator(self.cfg.seed, "val-f1-noise", task.server_round, task.client_id).normal(
+                    0.0, self.cfg.cra.val_f1_noise_multiplier * self.cfg.cra.val_f1_sensitivity)
+                val_f1 = float(np.clip(val_f1 + noise, 0.0, 1.0))
         per_layer = None
         if self.spec.per_layer_clipping:
             per_layer = [float(delta[a:b].norm()) for a, b in layer_slices(model)]

@@ -89,8 +89,9 @@ class CRAConfig:
     eta_p: float = 0.05                # (R) projected step size
     weight_by_samples: bool = True     # (R) α_i ∝ n_i r_i (False: ∝ r_i)
     eta_g: float = 1.0                 # global step
-    private_val_f1: bool = False       # noise q_i and account it
-    val_f1_noise_multiplier: float = 5.0  # σ for q_i (sensitivity 1/n_val)
+    private_val_f1: bool = False       # noise q_i and account it in the same ledger
+    val_f1_noise_multiplier: float = 20.0  # σ of the q_i release: noise std = σ · sensitivity
+    val_f1_sensitivity: float = 1.0    # macro-F1 ∈ [0, 1]; 1 is the safe worst-case bound
 
 
 @dataclass(frozen=True)

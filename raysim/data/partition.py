@@ -71,14 +71,14 @@ def _dirichlet_once(labels: np.ndarray, num_clients: int, alpha: float,
 
 
 def _assign_classes(classes: np.ndarray, num_clients: int, per_client: int,
-                    rng: np.random.Generator) -> list[np.ndarray]:
+                    rng: np.random.Generator) -> list[list[int]]:
     """Deal classes to clients from a deck of shuffled class lists, so each class is held about equally often.
 
     A class drawn twice for the same client is set aside and dealt first to the next client; a fresh
     shuffled copy of all classes is added whenever the deck runs out.
     """
     deck: deque[int] = deque()
-    held: list[np.ndarray] = []
+    held: list[list[int]] = []
     for _ in range(num_clients):
         chosen: list[int] = []
         deferred: list[int] = []
@@ -88,7 +88,7 @@ def _assign_classes(classes: np.ndarray, num_clients: int, per_client: int,
             c = deck.popleft()
             (deferred if c in chosen else chosen).append(c)
         deck.extendleft(reversed(deferred))
-        held.append(np.asarray(chosen, dtype=np.int64))
+        held.append(chosen)
     return held
 
 
@@ -98,37 +98,35 @@ def _shards_once(labels: np.ndarray, num_clients: int, per_client: int, sigma: f
     held = _assign_classes(classes, num_clients, per_client, rng)
     pools = {int(c): rng.permutation(np.flatnonzero(labels == c)) for c in classes}
     weights = rng.lognormal(mean=0.0, sigma=sigma, size=num_clients)
-    target = weights / weights.sum() * labels.size  # sizes normalised to all data
-    # Each client asks for target/per_client from each of its classes; where a class is asked for more
-    # than it has, every holder's request on it is scaled down by the same factor (clipping).
+    request = weights / weights.sum() * labels.size / per_client  # per (client, own class)
+    # Where a class is asked for more than it has, every holder's request on it shrinks by the same
+    # factor, so the pool is never exceeded and the holders keep their relative sizes.
     demand = {c: 0.0 for c in pools}
-    for i in range(num_clients):
-        for c in held[i]:
-            demand[int(c)] += target[i] / per_client
-    take = np.zeros((num_clients, per_client), dtype=np.int64)
-    for i in range(num_clients):
-        for j, c in enumerate(held[i]):
-            scale = min(1.0, pools[int(c)].size / demand[int(c)]) if demand[int(c)] > 0 else 0.0
-            take[i, j] = int(np.floor(target[i] / per_client * scale))
-    used = {c: int(sum(take[i, j] for i in range(num_clients) for j, cc in enumerate(held[i]) if cc == c))
-            for c in pools}
-    # Top up clients below the minimum from what is left of their own classes (spreading over them).
-    for i in range(num_clients):
-        while take[i].sum() < min_samples:
-            spare = [pools[int(c)].size - used[int(c)] for c in held[i]]
+    for i, own in enumerate(held):
+        for c in own:
+            demand[c] += request[i]
+    scale = {c: min(1.0, pools[c].size / d) if d > 0 else 0.0 for c, d in demand.items()}
+    take = [[int(np.floor(request[i] * scale[c])) for c in own] for i, own in enumerate(held)]
+    used = {c: 0 for c in pools}
+    for i, own in enumerate(held):
+        for j, c in enumerate(own):
+            used[c] += take[i][j]
+    # Top up clients below the minimum, one sample at a time from their own class with most left over.
+    for i, own in enumerate(held):
+        while sum(take[i]) < min_samples:
+            spare = [pools[c].size - used[c] for c in own]
             j = int(np.argmax(spare))
             if spare[j] <= 0:
-                break
-            take[i, j] += 1
-            used[int(held[i][j])] += 1
+                break  # own classes exhausted: the caller retries with a fresh draw
+            take[i][j] += 1
+            used[own[j]] += 1
     cursor = {c: 0 for c in pools}
     parts = []
-    for i in range(num_clients):
+    for i, own in enumerate(held):
         chunks = []
-        for j, c in enumerate(held[i]):
-            start = cursor[int(c)]
-            chunks.append(pools[int(c)][start:start + take[i, j]])
-            cursor[int(c)] = start + int(take[i, j])
+        for j, c in enumerate(own):
+            chunks.append(pools[c][cursor[c]:cursor[c] + take[i][j]])
+            cursor[c] += take[i][j]
         parts.append(np.concatenate(chunks))
     return parts
 
@@ -158,7 +156,7 @@ def partition(labels: np.ndarray, num_clients: int, scheme: str, rng: np.random.
       classes, and the draw is retried (up to ``max_retries``) if that is not enough. Samples of classes
       that were under-requested stay unassigned, so sizes keep their log-normal skew instead of being
       evened out; with 10 balanced classes, 10 clients, 2 shards each and sigma = 1 that is a median of
-      about 23% of the data (10-40% across seeds).
+      about 23% of the data (8-44% over 50 seeds).
 
     Privacy: partitioning uses labels only and happens before training; it is not a DP mechanism and
     the accountant does not (need to) cover it, since client data sets are fixed inputs of the run.

@@ -52,6 +52,7 @@ from typing import Callable, Sequence
 import dp_accounting
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
+from scipy import optimize
 
 __all__ = [
     "ACCOUNTANTS",
@@ -264,23 +265,45 @@ def calibrate_noise_multiplier(
 
 
 def _smallest_feasible(epsilon: Callable[[float], float], target: float, tol: float) -> float:
-    """Bisection in log(sigma) keeping eps(lo) > target >= eps(hi); epsilon decreases in sigma."""
+    """Smallest sigma with epsilon(sigma) <= target, to relative precision ``tol``.
+
+    epsilon decreases in sigma. Brent's method on log(sigma) finds the crossing in a few
+    evaluations; every evaluation is remembered, so the answer is always a sigma whose epsilon was
+    computed and found <= target, and the tightest infeasible sigma below it is within ``tol``
+    (bisection finishes the job if Brent's last steps did not bracket that tightly).
+    """
+    feasible: list[float] = []
+    infeasible: list[float] = []
+
+    def gap(log_sigma: float) -> float:
+        sigma = math.exp(log_sigma)
+        value = epsilon(sigma) - target
+        (feasible if value <= 0.0 else infeasible).append(sigma)
+        return value
+
     hi = 1.0
-    while epsilon(hi) > target:
-        hi *= 4.0
+    while gap(math.log(hi)) > 0.0:
+        hi *= 2.0
         if hi > _SIGMA_MAX:
             raise ValueError(f"no noise multiplier up to {_SIGMA_MAX:g} reaches epsilon {target:g}")
-    lo = hi / 4.0
-    while epsilon(lo) <= target:
-        hi, lo = lo, lo / 4.0
+    lo = hi / 2.0
+    while gap(math.log(lo)) <= 0.0:
+        hi, lo = lo, lo / 2.0
         if lo < _SIGMA_MIN:
             raise ValueError(
                 f"epsilon {target:g} is reached with noise multiplier below {_SIGMA_MIN:g}: "
                 "the target is too loose for this run"
             )
+    step = math.log1p(tol)
+    try:
+        optimize.brentq(gap, math.log(lo), math.log(hi), xtol=step / 4.0, maxiter=100)
+    except (ValueError, RuntimeError):
+        pass  # discretisation artefacts; the bisection below does not need Brent to succeed
+    hi = min(feasible)
+    lo = max((s for s in infeasible if s < hi), default=hi / 2.0)
     while hi / lo > 1.0 + tol:
         mid = math.sqrt(lo * hi)
-        if epsilon(mid) <= target:
+        if gap(math.log(mid)) <= 0.0:
             hi = mid
         else:
             lo = mid

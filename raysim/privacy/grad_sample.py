@@ -187,7 +187,7 @@ def _unfold_input(layer: nn.Conv2d, a: torch.Tensor) -> torch.Tensor:
         mode = "constant" if layer.padding_mode == "zeros" else layer.padding_mode
         a = F.pad(a, layer._reversed_padding_repeated_twice, mode=mode)
         padding = 0
-    return F.unfold(a, layer.kernel_size, padding=padding, stride=layer.stride)
+    return F.unfold(a, layer.kernel_size, dilation=layer.dilation, padding=padding, stride=layer.stride)
 
 
 def _as_sequence(layer: nn.Module, a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

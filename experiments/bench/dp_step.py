@@ -1,0 +1,164 @@
+"""Throughput of one DP training step on the paper CNN, per gradient engine.
+
+    python experiments/bench/dp_step.py [--json] [--steps N] [--batch-size 64] [--threads T] [--lldm]
+
+Each engine trains its own copy of the same initial model on the same seeded random batches
+(3x32x32, 10 classes): warm-up steps first, then timed steps; samples/s = steps·B / seconds.
+An engine that cannot run the model is reported as "unsupported: <reason>", not a crash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import time
+import warnings
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from raysim.models.cnn import build_model
+from raysim.privacy.clipping import privatize
+from raysim.privacy.grad_sample import make_engine
+from raysim.rng import torch_generator
+
+CLIP_NORM, NOISE_MULTIPLIER, LR = 1.0, 1.0, 0.01
+
+Step = Callable[[torch.Tensor, torch.Tensor], None]
+
+
+def _plain(model: nn.Module, args) -> Step:
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return step
+
+
+def _raysim(mode: str, engine_name: str) -> Callable[[nn.Module, argparse.Namespace], Step]:
+    def factory(model: nn.Module, args) -> Step:
+        opt = torch.optim.SGD(model.parameters(), lr=LR)
+        engine = make_engine(engine_name)
+        gen = torch_generator(args.seed, "bench_noise")
+
+        def step(x, y):
+            out = privatize(model, x, y, mode=mode, clip_norm=CLIP_NORM, noise_multiplier=NOISE_MULTIPLIER,
+                            expected_batch_size=args.batch_size, generator=gen, engine=engine)
+            for p, g in zip(model.parameters(), out.grads):
+                p.grad = g
+            opt.step()
+        return step
+    return factory
+
+
+def _opacus(grad_sample_mode: str) -> Callable[[nn.Module, argparse.Namespace], Step]:
+    def factory(model: nn.Module, args) -> Step:
+        from opacus import PrivacyEngine
+
+        data = torch.utils.data.TensorDataset(torch.zeros(args.batch_size * 4, 3, 32, 32),
+                                              torch.zeros(args.batch_size * 4, dtype=torch.long))
+        loader = torch.utils.data.DataLoader(data, batch_size=args.batch_size)
+        opt = torch.optim.SGD(model.parameters(), lr=LR)
+        engine = PrivacyEngine(accountant="rdp")
+        made = engine.make_private(module=model, optimizer=opt, data_loader=loader, criterion=nn.CrossEntropyLoss(),
+                                   noise_multiplier=NOISE_MULTIPLIER, max_grad_norm=CLIP_NORM, poisson_sampling=False,
+                                   grad_sample_mode=grad_sample_mode,
+                                   noise_generator=torch_generator(args.seed, "bench_noise"))
+        if grad_sample_mode == "ghost":
+            private_model, dp_opt, criterion, _ = made
+        else:
+            private_model, dp_opt, _ = made
+            criterion = nn.CrossEntropyLoss()
+
+        def step(x, y):
+            dp_opt.zero_grad(set_to_none=True)
+            criterion(private_model(x), y).backward()
+            dp_opt.step()
+        return step
+    return factory
+
+
+ENGINES: list[tuple[str, Callable[[nn.Module, argparse.Namespace], Step]]] = [
+    ("plain SGD (no DP)", _plain),
+    ("raysim batch clipping", _raysim("batch", "bk")),
+    ("raysim per-sample (bk)", _raysim("per_sample", "bk")),
+    ("raysim per-sample (vmap)", _raysim("per_sample", "vmap")),
+    ("opacus hooks", _opacus("hooks")),
+    ("opacus ghost", _opacus("ghost")),
+]
+
+
+def _reason(err: Exception) -> str:
+    text = " ".join(str(err).split()) or type(err).__name__
+    return f"{type(err).__name__}: {text[:160]}"
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    gen = torch_generator(args.seed, "bench_data")
+    batches = [(torch.randn(args.batch_size, 3, 32, 32, generator=gen),
+                torch.randint(0, 10, (args.batch_size,), generator=gen)) for _ in range(4)]
+    init = build_model(3, 32, 10, lldm=args.lldm)
+    rows = []
+    for name, factory in ENGINES:
+        row: dict = {"engine": name, "samples_per_s": None, "ratio_to_plain": None, "error": None}
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                step = factory(copy.deepcopy(init), args)
+                for i in range(args.warmup):
+                    step(*batches[i % len(batches)])
+                start = time.perf_counter()
+                for i in range(args.steps):
+                    step(*batches[i % len(batches)])
+                elapsed = time.perf_counter() - start
+            row["samples_per_s"] = args.steps * args.batch_size / elapsed
+        except Exception as err:  # a benchmark row, not a crash: report why the engine cannot run
+            row["error"] = f"unsupported: {_reason(err)}"
+        rows.append(row)
+    plain = rows[0]["samples_per_s"]
+    for row in rows:
+        if row["samples_per_s"] is not None and plain:
+            row["ratio_to_plain"] = row["samples_per_s"] / plain
+    return rows
+
+
+def _markdown(rows: list[dict]) -> str:
+    lines = ["| engine | samples/s | ratio to plain SGD |", "|---|---|---|"]
+    for r in rows:
+        if r["error"]:
+            lines.append(f"| {r['engine']} | {r['error']} | |")
+        else:
+            lines.append(f"| {r['engine']} | {r['samples_per_s']:.1f} | {r['ratio_to_plain']:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print a JSON list instead of a markdown table")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per engine")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per engine first")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--lldm", action="store_true", help="use the FedDimDP (LLDM) model")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.steps <= 0 or args.batch_size <= 0 or args.warmup < 0:
+        parser.error("--steps and --batch-size must be > 0, --warmup >= 0")
+    rows = run(args)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(f"paper CNN{' + LLDM' if args.lldm else ''}, batch {args.batch_size}, {args.steps} timed steps "
+              f"after {args.warmup} warm-up, {torch.get_num_threads()} threads\n")
+        print(_markdown(rows))
+
+
+if __name__ == "__main__":
+    main()

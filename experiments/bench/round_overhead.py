@@ -1,0 +1,78 @@
+"""One warm round on Ray (10 client actors) vs the serial executor, same work, one process.
+
+    python experiments/bench/round_overhead.py --data-root ../shared/data            # CIFAR-10
+    python experiments/bench/round_overhead.py --dataset digits --local-epochs 20   # offline
+
+Round 1 warms up (actor start, first-touch allocation); the timed value is the mean wall time
+of the following ``--timed-rounds`` rounds, measured by the simulation's own round clock. Both
+executors run single-threaded torch per client (``runtime.torch_threads``); Ray runs up to
+one actor per core at a time. Prints a table and the ratio ray/serial (< 1: Ray is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+from raysim.config import config_from_dict  # noqa: E402
+from raysim.data import load_dataset  # noqa: E402
+from raysim.simulation import Simulation  # noqa: E402
+
+
+def measure(cfg, train, test, executor, timed_rounds: int) -> dict:
+    t0 = time.perf_counter()
+    sim = Simulation(cfg, train, test, executor)
+    first = sim.round(1)
+    setup_and_first = time.perf_counter() - t0
+    walls = [sim.round(t).round_row["round_seconds"] for t in range(2, 2 + timed_rounds)]
+    executor.shutdown()
+    return {"first_round_incl_setup_s": setup_and_first, "warm_round_s": sum(walls) / len(walls),
+            "first_round_accuracy": first.round_row["test_accuracy"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dataset", default=None, help="default: cifar10 with --data-root, else digits")
+    ap.add_argument("--data-root", default=None)
+    ap.add_argument("--method", default="fedavg")
+    ap.add_argument("--num-clients", type=int, default=10)
+    ap.add_argument("--local-epochs", type=int, default=1)
+    ap.add_argument("--timed-rounds", type=int, default=2)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    dataset = args.dataset or ("cifar10" if args.data_root else "digits")
+    base = {"method": args.method, "rounds": 1 + args.timed_rounds, "num_clients": args.num_clients,
+            "local_epochs": args.local_epochs, "batch_size": 64, "lr": 0.01,
+            "data": {"name": dataset, "root": args.data_root, "partition": "dirichlet", "alpha": 0.3,
+                     "test_subsample": 2000}}
+    train = load_dataset(dataset, "train", args.data_root)
+    test = load_dataset(dataset, "test", args.data_root)
+
+    from raysim.runtime.driver import init_ray
+    from raysim.runtime.ray_executor import RayExecutor
+    from raysim.runtime.serial import SerialExecutor
+    init_ray()
+    serial_cfg = config_from_dict({**base, "runtime": {"executor": "serial"}})
+    ray_cfg = config_from_dict({**base, "runtime": {"executor": "ray", "num_actors": args.num_clients}})
+    serial = measure(serial_cfg, train, test, SerialExecutor(), args.timed_rounds)
+    on_ray = measure(ray_cfg, train, test, RayExecutor(), args.timed_rounds)
+    ratio = on_ray["warm_round_s"] / serial["warm_round_s"]
+    result = {"dataset": dataset, "method": args.method, "num_clients": args.num_clients, "cpus": os.cpu_count(),
+              "serial": serial, "ray": on_ray, "ratio_ray_over_serial": ratio}
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    print(f"dataset={dataset} method={args.method} clients={args.num_clients} local_epochs={args.local_epochs} cpus={os.cpu_count()}")
+    print("| executor | warm round (s) | first round incl. setup (s) |")
+    print("|---|---|---|")
+    print(f"| serial | {serial['warm_round_s']:.2f} | {serial['first_round_incl_setup_s']:.2f} |")
+    print(f"| ray, {args.num_clients} actors | {on_ray['warm_round_s']:.2f} | {on_ray['first_round_incl_setup_s']:.2f} |")
+    print(f"ratio ray/serial (warm round) = {ratio:.3f}")
+
+
+if __name__ == "__main__":
+    main()
