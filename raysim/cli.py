@@ -34,18 +34,17 @@ def resolve_values(path: str, overrides: Sequence[str], data_root: str | None, a
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from raysim.experiment import check_config, run_experiment
+    from raysim.experiment import prepare, run_experiment
     from raysim.progress import RunProgress, print_summary
     values = resolve_values(args.config, args.overrides, args.data_root, args.address)
     methods = values.get("method", "fedavg")
     methods = methods if isinstance(methods, list) else [methods]
     configs = [config_from_dict({**values, "method": m}) for m in methods]
-    for cfg in configs:
-        check_config(cfg)
+    data = [prepare(cfg) for cfg in configs]   # every user error surfaces before anything runs
     rows = []
-    for cfg in configs:
+    for cfg, pair in zip(configs, data):
         with RunProgress(cfg) as progress:
-            summary = run_experiment(cfg, args.results_dir, on_setup=progress.setup, on_round=progress.round)
+            summary = run_experiment(cfg, args.results_dir, on_setup=progress.setup, on_round=progress.round, data=pair)
         rows.append(summary.row)
     print_summary(rows, args.results_dir)
     return 0

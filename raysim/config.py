@@ -122,6 +122,7 @@ class QuantileConfig:
     eta_c: float = 0.2
     target_quantile: float = 0.5
     noise_multiplier: float = 0.0      # σ_b of the clipped-count release (0: not private)
+    norm_source: str = "per_example"   # (R) per_example (fraction of unclipped examples) | update (‖Δw‖ per step)
 
 
 @dataclass(frozen=True)
@@ -265,6 +266,16 @@ def validate(cfg: Config) -> Config:
     _choice("sam.mode", cfg.sam.mode, ("previous", "both"))
     if not 0 < cfg.acdn.gamma <= 1:
         _fail("acdn.gamma", f"must be in (0, 1], got {cfg.acdn.gamma}")
+    for key, val in (("acdn.momentum", cfg.acdn.momentum), ("awdp.beta", cfg.awdp.beta), ("fedacg.lam", cfg.fedacg.lam)):
+        if not 0 <= val < 1:
+            _fail(key, f"must be in [0, 1), got {val}")
+    for key, val in (("sam.rho", cfg.sam.rho), ("fedacg.beta", cfg.fedacg.beta), ("fedprox.mu", cfg.fedprox.mu),
+                     ("quantile.eta_c", cfg.quantile.eta_c), ("quantile.noise_multiplier", cfg.quantile.noise_multiplier)):
+        if not val >= 0:
+            _fail(key, f"must be >= 0, got {val}")
+    if not 0 <= cfg.quantile.target_quantile <= 1:
+        _fail("quantile.target_quantile", f"must be in [0, 1], got {cfg.quantile.target_quantile}")
+    _choice("quantile.norm_source", cfg.quantile.norm_source, ("per_example", "update"))
     for key, val in (("lldm.reduction", cfg.lldm.reduction), ("lldm.keep_fraction", cfg.lldm.keep_fraction)):
         if not 0 < val <= 1:
             _fail(key, f"must be in (0, 1], got {val}")

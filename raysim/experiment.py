@@ -50,6 +50,15 @@ def check_config(cfg: Config) -> None:
         raise ConfigError(f"config key 'data.name': unknown dataset {cfg.data.name!r}; choose one of {', '.join(sorted(DATASETS))}")
 
 
+def prepare(cfg: Config) -> tuple[Any, Any]:
+    """Check the config against the registries, load (train, test), and run :func:`preflight`."""
+    check_config(cfg)
+    train = load_dataset(cfg.data.name, "train", cfg.data.root, download=cfg.data.download, cache_dir=cfg.data.cache_dir)
+    test = load_dataset(cfg.data.name, "test", cfg.data.root, download=cfg.data.download, cache_dir=cfg.data.cache_dir)
+    preflight(cfg, train)
+    return train, test
+
+
 def preflight(cfg: Config, train: Any) -> None:
     """Catch user errors (privacy settings, impossible partitions) here, before any actor starts."""
     from raysim.privacy.plan import resolve_clipping
@@ -71,12 +80,12 @@ def _now() -> datetime:
 def run_experiment(cfg: Config, results_dir: str, *, sweep_id: str | None = None,
                    on_setup: Callable[[SetupRecord], None] | None = None,
                    on_round: Callable[[RoundRecord], None] | None = None,
-                   placement_group: Any = None) -> RunSummary:
-    """Execute ``cfg`` and write its rows; returns the final runs row (status completed)."""
-    check_config(cfg)
-    train = load_dataset(cfg.data.name, "train", cfg.data.root, download=cfg.data.download, cache_dir=cfg.data.cache_dir)
-    test = load_dataset(cfg.data.name, "test", cfg.data.root, download=cfg.data.download, cache_dir=cfg.data.cache_dir)
-    preflight(cfg, train)
+                   placement_group: Any = None, data: tuple[Any, Any] | None = None) -> RunSummary:
+    """Execute ``cfg`` and write its rows; returns the final runs row (status completed).
+
+    ``data`` is the (train, test) pair from :func:`prepare`, which is called here when omitted.
+    """
+    train, test = data if data is not None else prepare(cfg)
     sink = ResultsSink(results_dir)
     run_id = run_id_for(cfg)
     sink.clear_run(run_id)
@@ -99,9 +108,10 @@ def run_experiment(cfg: Config, results_dir: str, *, sweep_id: str | None = None
             sim = Simulation(cfg, train, test, SerialExecutor())
             setup, records = sim.setup, sim.run()
         else:
-            from raysim.runtime.driver import init_ray, ray_rounds
+            from raysim.runtime.driver import init_ray, ray_rounds, run_placement
             init_ray(cfg.runtime.address)
-            setup, records, _driver = ray_rounds(cfg, train, test, placement_group)
+            setup, records, driver = ray_rounds(cfg, train, test, placement_group)
+            row.update(run_placement(driver))
         row.update(clipping=setup.clipping, noise_multiplier=max(setup.noise_multipliers),
                    not_covered_by_epsilon=setup.not_covered_by_epsilon, num_params=setup.num_params)
         sink.write_partition(run_id, setup.partition_stats)

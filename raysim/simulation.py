@@ -94,7 +94,7 @@ class Simulation:
         self.q = np.array([sample_rate(int(k), cfg.batch_size) for k in n])
         self.steps = np.array([steps_per_epoch(int(k), cfg.batch_size) * cfg.local_epochs for k in n])
         self.sigmas = plan_noise(self.spec, cfg, self.clipping, self.q, self.steps)
-        self.factor = accounting_factor(self.clipping, self.spec.client.releases_per_step) if self.clipping != "none" else 0.0
+        self.factor = accounting_factor(self.clipping, self.spec.client.releases_for(cfg)) if self.clipping != "none" else 0.0
         self.channels = side_channels(self.spec, cfg)
         self.ledgers = [PrivacyLedger(cfg.privacy.delta, cfg.privacy.accountant) for _ in self.clients]
         self.model = model_for(cfg, train.info, self.spec.lldm)

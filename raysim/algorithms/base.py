@@ -104,6 +104,12 @@ class ClientHooks:
         self.payload = payload
         self.task = task
 
+    @classmethod
+    def releases_for(cls, cfg: Config) -> int:
+        """DP releases per local step for the run ``cfg`` (the privacy plan reads this, not the attribute),
+        so a method whose count depends on a config option (DP-FedSAM's ``sam.mode``) is accounted right."""
+        return cls.releases_per_step
+
     def private_gradient(self, params: list[torch.nn.Parameter], compute: Callable[[], Any]) -> Any:
         """Obtain one step's privatised gradient; ``compute()`` makes one DP release on the step's batch."""
         return compute()

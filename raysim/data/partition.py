@@ -98,19 +98,22 @@ def _shards_once(labels: np.ndarray, num_clients: int, per_client: int, sigma: f
     held = _assign_classes(classes, num_clients, per_client, rng)
     pools = {int(c): rng.permutation(np.flatnonzero(labels == c)) for c in classes}
     weights = rng.lognormal(mean=0.0, sigma=sigma, size=num_clients)
-    request = weights / weights.sum() * labels.size / per_client  # per (client, own class)
-    # Where a class is asked for more than it has, every holder's request on it shrinks by the same
-    # factor, so the pool is never exceeded and the holders keep their relative sizes.
-    demand = {c: 0.0 for c in pools}
-    for i, own in enumerate(held):
-        for c in own:
-            demand[c] += request[i]
-    scale = {c: min(1.0, pools[c].size / d) if d > 0 else 0.0 for c, d in demand.items()}
-    take = [[int(np.floor(request[i] * scale[c])) for c in own] for i, own in enumerate(held)]
+    # Each class is split among the clients holding it in proportion to their log-normal weights
+    # (largest-remainder rounding), so every sample is used and sizes keep the quantity skew.
+    take = [[0] * len(own) for own in held]
     used = {c: 0 for c in pools}
-    for i, own in enumerate(held):
-        for j, c in enumerate(own):
-            used[c] += take[i][j]
+    for c in pools:
+        holders = [(i, j) for i, own in enumerate(held) for j, cc in enumerate(own) if cc == c]
+        if not holders:
+            continue
+        w = np.array([weights[i] for i, _ in holders])
+        exact = w / w.sum() * pools[c].size
+        counts = np.floor(exact).astype(int)
+        for k in np.argsort(-(exact - counts), kind="stable")[: pools[c].size - counts.sum()]:
+            counts[k] += 1
+        for (i, j), n in zip(holders, counts):
+            take[i][j] = int(n)
+        used[c] = int(counts.sum())
     # Top up clients below the minimum, one sample at a time from their own class with most left over.
     for i, own in enumerate(held):
         while sum(take[i]) < min_samples:
@@ -150,13 +153,10 @@ def partition(labels: np.ndarray, num_clients: int, scheme: str, rng: np.random.
       (1) classes are dealt to clients from a cycling deck of shuffled class lists, ``shards_per_client``
       distinct classes each, so every class is held about equally often; (2) client sizes are drawn as
       log-normal(0, ``shard_size_sigma``) weights normalised to sum to the number of samples; (3) each
-      client requests size / shards_per_client samples from each of its classes; where a class is
-      over-requested, all its holders' requests are scaled down by the same factor so no sample is given
-      twice; (4) a client below ``min_samples_per_client`` is topped up from what is left of its own
-      classes, and the draw is retried (up to ``max_retries``) if that is not enough. Samples of classes
-      that were under-requested stay unassigned, so sizes keep their log-normal skew instead of being
-      evened out; with 10 balanced classes, 10 clients, 2 shards each and sigma = 1 that is a median of
-      about 23% of the data (8-44% over 50 seeds).
+      class is split among the clients holding it in proportion to their weights (largest-remainder
+      rounding), so every sample is used; (4) if a client ends below ``min_samples_per_client`` the whole
+      draw is retried (up to ``max_retries``). Sizes are therefore log-normally skewed but not exactly
+      log-normal (they also depend on how many clients share each class).
 
     Privacy: partitioning uses labels only and happens before training; it is not a DP mechanism and
     the accountant does not (need to) cover it, since client data sets are fixed inputs of the run.

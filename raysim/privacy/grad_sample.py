@@ -12,9 +12,11 @@ computes weight gradients) gives the output gradients ``g``. For a layer with pe
 ``G_i = g_iᵀ a_i`` (``g_i``: L × D_out, ``a_i``: L × D_in, L = 1 for a Linear layer, the number
 of output positions for a conv) the squared norm is either ``‖a_i‖²‖g_i‖²`` (L = 1), the ghost
 norm ``⟨a_i a_iᵀ, g_i g_iᵀ⟩`` (memory B·L²), or read off the materialised ``G_i`` (memory
-B·D_out·D_in), whichever is smaller. The clipped sum is one contraction ``Σ_i c_i g_iᵀ a_i``.
-Custom autograd functions between layers (LLDM's top-k gradient sparsifier) are handled
-because ``g`` is what the real backward pass delivers at each layer output.
+B·D_out·D_in, for a conv computed as the weight gradient of a conv with groups=B), whichever
+is smaller. The clipped sum is then ``Σ_i c_i G_i``: one contraction. Custom autograd functions
+between layers (LLDM's top-k gradient sparsifier) are handled because ``g`` is what the real
+backward pass delivers at each layer output. Refused with a ValueError: parametrised modules
+other than Conv2d (groups=1) and Linear, tied weights, layer outputs modified in place.
 
 ``vmap`` is the reference engine: ``torch.func.vmap(grad(·))`` over examples, any model whose
 layers torch.func can transform (not LLDM's sparsifier, an old-style autograd.Function).
@@ -23,6 +25,7 @@ layers torch.func can transform (not LLDM's sparsifier, an old-style autograd.Fu
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -86,39 +89,38 @@ def make_engine(name: str = "bk") -> GradSampleEngine:
     return ENGINES[name]()
 
 
-def parametrised_layers(model: nn.Module) -> list[nn.Module]:
-    """Modules that own parameters directly, in ``model.modules()`` order (the layer order of
-    per-layer clip thresholds). Parameters shared between two modules count for the first."""
-    layers, seen = [], set()
+def _owned_params(model: nn.Module) -> list[tuple[nn.Module, list[nn.Parameter]]]:
+    out, seen = [], set()
     for module in model.modules():
         own = [p for p in module.parameters(recurse=False) if id(p) not in seen]
         if own:
-            layers.append(module)
+            out.append((module, own))
             seen.update(id(p) for p in own)
-    return layers
+    return out
+
+
+def parametrised_layers(model: nn.Module) -> list[nn.Module]:
+    """Modules that own parameters directly, in ``model.modules()`` order (the layer order of
+    per-layer clip thresholds). Parameters shared between two modules count for the first."""
+    return [module for module, _ in _owned_params(model)]
 
 
 def layer_param_indices(model: nn.Module) -> list[list[int]]:
     """For each parametrised layer, the indices into ``list(model.parameters())`` it owns."""
     index = {id(p): j for j, p in enumerate(model.parameters())}
-    groups, seen = [], set()
-    for module in parametrised_layers(model):
-        ids = [index[id(p)] for p in module.parameters(recurse=False) if id(p) not in seen]
-        seen.update(id(p) for p in module.parameters(recurse=False))
-        groups.append(ids)
-    return groups
+    return [[index[id(p)] for p in own] for _, own in _owned_params(model)]
 
 
 def _thresholds(clip_norm: float | Sequence[float], per_layer: bool, num_layers: int) -> list[float]:
     if per_layer:
-        if isinstance(clip_norm, (int, float)):
+        if isinstance(clip_norm, numbers.Real):
             raise ValueError("per_layer=True needs one clip threshold per parametrised layer, got a scalar")
         values = [float(c) for c in clip_norm]
         if len(values) != num_layers:
             raise ValueError(f"per-layer clipping needs {num_layers} thresholds (one per parametrised "
                              f"layer), got {len(values)}")
     else:
-        if not isinstance(clip_norm, (int, float)):
+        if not isinstance(clip_norm, numbers.Real):
             raise ValueError("a sequence of clip thresholds needs per_layer=True")
         values = [float(clip_norm)]
     if not all(math.isfinite(c) and c > 0 for c in values):
@@ -158,11 +160,8 @@ def _empty_result(model: nn.Module, x: torch.Tensor, clip_norm, per_layer: bool)
                         per_layer_norms=torch.zeros(0, num_layers, dtype=dtype, device=x.device))
 
 
-# --------------------------------------------------------------------------------------------
-# Book-keeping engine
-# --------------------------------------------------------------------------------------------
-
 def _check_supported(layers: list[nn.Module], names: dict[int, str]) -> None:
+    seen: set[int] = set()
     for layer in layers:
         name = names.get(id(layer), "?") or "<root>"
         if isinstance(layer, nn.Conv2d):
@@ -175,19 +174,40 @@ def _check_supported(layers: list[nn.Module], names: dict[int, str]) -> None:
         for pname, p in layer.named_parameters(recurse=False):
             if pname not in ("weight", "bias"):
                 raise ValueError(f"module {name!r} has an unexpected parameter {pname!r}")
+        own = {id(p) for p in layer.parameters(recurse=False)}
+        if own & seen:
+            raise ValueError(f"module {name!r} shares a parameter with another layer (tied weights), "
+                             "which grad-sample engine 'bk' does not support")
+        seen |= own
+
+
+def _padded_input(layer: nn.Conv2d, a: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+    """The conv input with the layer's padding applied explicitly where unfold/conv can't express it."""
+    if a.dim() != 4:
+        raise ValueError(f"Conv2d input must be batched (B, C, H, W), got shape {tuple(a.shape)}")
+    if isinstance(layer.padding, str) or layer.padding_mode != "zeros":
+        # 'same' may be asymmetric and non-zero modes pad before the conv; replay what the layer did.
+        mode = "constant" if layer.padding_mode == "zeros" else layer.padding_mode
+        return F.pad(a, layer._reversed_padding_repeated_twice, mode=mode), (0, 0)
+    return a, layer.padding
 
 
 def _unfold_input(layer: nn.Conv2d, a: torch.Tensor) -> torch.Tensor:
     """Conv input (B, Cin, H, W) → patches (B, Cin·kh·kw, L), in the order of ``weight.view(Cout, -1)``."""
-    if a.dim() != 4:
-        raise ValueError(f"Conv2d input must be batched (B, C, H, W), got shape {tuple(a.shape)}")
-    padding = layer.padding
-    if isinstance(padding, str) or layer.padding_mode != "zeros":
-        # Same padding the layer applied ('same' may be asymmetric; non-zero modes pad explicitly).
-        mode = "constant" if layer.padding_mode == "zeros" else layer.padding_mode
-        a = F.pad(a, layer._reversed_padding_repeated_twice, mode=mode)
-        padding = 0
+    a, padding = _padded_input(layer, a)
     return F.unfold(a, layer.kernel_size, dilation=layer.dilation, padding=padding, stride=layer.stride)
+
+
+def _conv_per_example_weight(layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """Per-example weight grads (B, Cout, Cin·kh·kw) as the weight grad of a conv with groups=B
+    (the batch folded into channels): much faster on CPU than unfold + bmm."""
+    a, padding = _padded_input(layer, a)
+    batch, c_in, c_out = a.shape[0], a.shape[1], g.shape[1]
+    grads = torch.nn.grad.conv2d_weight(
+        a.reshape(1, batch * c_in, *a.shape[2:]), (batch * c_out, c_in, *layer.kernel_size),
+        g.reshape(1, batch * c_out, *g.shape[2:]), stride=layer.stride, padding=padding,
+        dilation=layer.dilation, groups=batch)
+    return grads.view(batch, c_out, -1)
 
 
 def _as_sequence(layer: nn.Module, a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -201,53 +221,67 @@ def _as_sequence(layer: nn.Module, a: torch.Tensor, g: torch.Tensor) -> tuple[to
     return a.reshape(batch, -1, a.shape[-1]).transpose(1, 2), g.reshape(batch, -1, g.shape[-1]).transpose(1, 2)
 
 
-class _LayerStats:
-    """Per-layer intermediate: squared norms and what is needed for the clipped sum."""
+def _sq_norms(t: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.vector_norm(t.reshape(t.shape[0], -1), dim=1).square()
 
-    def __init__(self, layer: nn.Module, a: torch.Tensor | None, g: torch.Tensor | None,
+
+class _LayerStats:
+    """One layer's per-example squared norms and what its clipped sum needs.
+
+    ``records`` holds (input, output grad) of each call of the layer in the forward pass (a
+    layer called twice sums its per-example grads over the calls)."""
+
+    def __init__(self, layer: nn.Module, records: list[tuple[torch.Tensor, torch.Tensor]],
                  batch: int, dtype: torch.dtype, device: torch.device) -> None:
         self.layer = layer
-        self.a, self.g = a, g
-        self.per_example_weight: torch.Tensor | None = None
+        self.a = self.g = self.per_example_weight = self.bias_grads = None
         self.sq_norm = torch.zeros(batch, dtype=dtype, device=device)
-        if a is None:
+        if not records:
             return
+        conv = isinstance(layer, nn.Conv2d)
         weight, bias = layer.weight, layer.bias
         if bias is not None and bias.requires_grad:
-            self.bias_grads = g.sum(dim=2)  # (B, Dout)
-            self.sq_norm = self.sq_norm + self.bias_grads.pow(2).sum(dim=1)
-        if weight.requires_grad:
-            positions, d_in, d_out = a.shape[2], a.shape[1], g.shape[1]
+            d_out = records[0][1].shape[1 if conv else -1]
+            self.bias_grads = sum(g.reshape(batch, d_out, -1).sum(2) if conv else g.reshape(batch, -1, d_out).sum(1)
+                                  for _, g in records)
+            self.sq_norm = self.sq_norm + _sq_norms(self.bias_grads)
+        if not weight.requires_grad:
+            return
+        d_out, d_in = weight.shape[0], weight[0].numel()
+        positions = sum(g[0, 0].numel() if conv else g[0].numel() // d_out for _, g in records)
+        if positions * positions <= d_in * d_out:
+            # Ghost norm (L = 1: ‖a‖²‖g‖²; else ‖g aᵀ‖_F² = ⟨aᵀa, gᵀg⟩ over position pairs).
+            seqs = [_as_sequence(layer, a, g) for a, g in records]
+            self.a = torch.cat([a for a, _ in seqs], dim=2) if len(seqs) > 1 else seqs[0][0]
+            self.g = torch.cat([g for _, g in seqs], dim=2) if len(seqs) > 1 else seqs[0][1]
             if positions == 1:
-                self.sq_norm = self.sq_norm + a.pow(2).sum(dim=(1, 2)) * g.pow(2).sum(dim=(1, 2))
-            elif positions * positions <= d_in * d_out:
-                # Ghost norm: ‖g aᵀ‖_F² = ⟨aᵀa, gᵀg⟩ over position pairs.
-                aa = torch.bmm(a.transpose(1, 2), a)
-                gg = torch.bmm(g.transpose(1, 2), g)
-                self.sq_norm = self.sq_norm + (aa * gg).sum(dim=(1, 2))
+                self.sq_norm = self.sq_norm + _sq_norms(self.a) * _sq_norms(self.g)
             else:
-                self.per_example_weight = torch.bmm(g, a.transpose(1, 2))  # (B, Dout, Din)
-                self.sq_norm = self.sq_norm + self.per_example_weight.pow(2).sum(dim=(1, 2))
+                aa = torch.bmm(self.a.transpose(1, 2), self.a)
+                gg = torch.bmm(self.g.transpose(1, 2), self.g)
+                self.sq_norm = self.sq_norm + (aa * gg).sum(dim=(1, 2))
+        else:
+            if conv:
+                per_call = (_conv_per_example_weight(layer, a, g) for a, g in records)
+            else:
+                per_call = (torch.bmm(g, a.transpose(1, 2)) for a, g in (_as_sequence(layer, *r) for r in records))
+            self.per_example_weight = sum(per_call)  # (B, Dout, Din)
+            self.sq_norm = self.sq_norm + _sq_norms(self.per_example_weight)
 
     def clipped_sums(self, factors: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Σ_i c_i ∇W_i and Σ_i c_i ∇b_i, in the parameters' shapes (None where not trainable)."""
-        layer = self.layer
+        weight, bias = self.layer.weight, self.layer.bias
         weight_sum = bias_sum = None
-        if self.a is None:
-            if layer.weight.requires_grad:
-                weight_sum = torch.zeros_like(layer.weight)
-            if layer.bias is not None and layer.bias.requires_grad:
-                bias_sum = torch.zeros_like(layer.bias)
-            return weight_sum, bias_sum
-        if layer.weight.requires_grad:
+        if weight.requires_grad:
             if self.per_example_weight is not None:
-                flat = factors @ self.per_example_weight.reshape(factors.shape[0], -1)
-            else:
+                weight_sum = (factors @ self.per_example_weight.reshape(factors.shape[0], -1)).reshape(weight.shape)
+            elif self.a is not None:
                 scaled = self.g * factors.view(-1, 1, 1)
-                flat = torch.einsum("bol,bil->oi", scaled, self.a)
-            weight_sum = flat.reshape(layer.weight.shape)
-        if layer.bias is not None and layer.bias.requires_grad:
-            bias_sum = factors @ self.bias_grads
+                weight_sum = torch.einsum("bol,bil->oi", scaled, self.a).reshape(weight.shape)
+            else:  # the layer did not influence the loss
+                weight_sum = torch.zeros_like(weight)
+        if bias is not None and bias.requires_grad:
+            bias_sum = factors @ self.bias_grads if self.bias_grads is not None else torch.zeros_like(bias)
         return weight_sum, bias_sum
 
 
@@ -284,8 +318,7 @@ class BookKeepingEngine:
         finally:
             for h in handles:
                 h.remove()
-        losses = F.cross_entropy(logits, y, reduction="none")
-        loss_sum = losses.sum()
+        loss_sum = F.cross_entropy(logits, y, reduction="sum")
 
         outputs = [out for recs in records.values() for (_, out, _) in recs]
         for layer in layers:
@@ -305,14 +338,9 @@ class BookKeepingEngine:
         stats = []
         with torch.no_grad():
             for layer in layers:
-                pairs = [_as_sequence(layer, a, out_grads[id(out)])
-                         for a, out, _ in records[id(layer)] if out_grads[id(out)] is not None]
-                if pairs:
-                    a = torch.cat([p[0] for p in pairs], dim=2) if len(pairs) > 1 else pairs[0][0]
-                    g = torch.cat([p[1] for p in pairs], dim=2) if len(pairs) > 1 else pairs[0][1]
-                else:
-                    a = g = None
-                stats.append(_LayerStats(layer, a, g, batch, dtype, device))
+                pairs = [(a, out_grads[id(out)]) for a, out, _ in records[id(layer)]
+                         if out_grads[id(out)] is not None]
+                stats.append(_LayerStats(layer, pairs, batch, dtype, device))
             per_layer_norms = torch.stack([s.sq_norm for s in stats], dim=1).clamp(min=0).sqrt()
             factors, num_clipped = clip_factors(per_layer_norms, clip_norm, per_layer)
 
@@ -328,10 +356,6 @@ class BookKeepingEngine:
                             num_clipped=num_clipped, loss_sum=float(loss_sum.detach()),
                             per_layer_norms=per_layer_norms)
 
-
-# --------------------------------------------------------------------------------------------
-# torch.func reference engine
-# --------------------------------------------------------------------------------------------
 
 @register_engine("vmap")
 class VmapEngine:

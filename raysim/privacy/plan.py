@@ -58,11 +58,17 @@ class SideChannel:
     per_round: int = 1
 
 
+def _quantile_bits_private(spec: MethodSpec, cfg: Config) -> bool:
+    # Adaptive quantile clipping reads private data (per-example clip counts) unless its bits come
+    # from the uploaded Δw_i (quantile.norm_source = update), which is post-processing.
+    return spec.name == "dp-fedavg-adaptive" and cfg.quantile.norm_source == "per_example"
+
+
 def side_channels(spec: MethodSpec, cfg: Config) -> list[SideChannel]:
     out = []
     if spec.server.uses_val_f1 and cfg.cra.private_val_f1:
         out.append(SideChannel("val_f1", cfg.cra.val_f1_noise_multiplier))
-    if spec.name == "dp-fedavg-adaptive" and cfg.quantile.noise_multiplier > 0:
+    if _quantile_bits_private(spec, cfg) and cfg.quantile.noise_multiplier > 0:
         out.append(SideChannel("clipped_count", cfg.quantile.noise_multiplier))
     return out
 
@@ -74,7 +80,7 @@ def not_covered(spec: MethodSpec, cfg: Config, clipping: str) -> str:
         return "everything (no DP)"
     if spec.server.uses_val_f1 and not cfg.cra.private_val_f1:
         items.append("val_f1 (q_i, CRA's local validation macro-F1, uploaded without noise)")
-    if spec.name == "dp-fedavg-adaptive" and cfg.quantile.noise_multiplier == 0:
+    if _quantile_bits_private(spec, cfg) and cfg.quantile.noise_multiplier == 0:
         items.append("clipped-count bits b_i of the adaptive quantile (quantile.noise_multiplier = 0)")
     return "; ".join(items)
 
@@ -127,7 +133,7 @@ def plan_noise(spec: MethodSpec, cfg: Config, clipping: str, q: np.ndarray, step
     if cfg.privacy.noise_multiplier is not None:
         return np.full(len(q), float(cfg.privacy.noise_multiplier))
     schedule = spec.server.sigma_schedule(cfg)
-    factor = accounting_factor(clipping, spec.client.releases_per_step)
+    factor = accounting_factor(clipping, spec.client.releases_for(cfg))
     channels = side_channels(spec, cfg)
     cache: dict[tuple[float, int], float] = {}
     out = np.empty(len(q))

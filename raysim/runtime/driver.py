@@ -52,7 +52,12 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
 
 def ray_rounds(cfg: Config, train: Any, test: Any, placement_group: Any = None) -> tuple[SetupRecord, Iterator[RoundRecord], Any]:
     """Start a driver actor for one run; returns its setup, the round stream, and the actor."""
-    driver = DriverActor.remote(cfg, [ray.put(train)], [ray.put(test)], placement_group)
+    options: dict[str, Any] = {}
+    if placement_group is not None:
+        # The driver holds no resources (num_cpus=0) but belongs with its run's clients.
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(placement_group)
+    driver = DriverActor.options(**options).remote(cfg, [ray.put(train)], [ray.put(test)], placement_group)
     setup = ray.get(driver.setup.remote())
 
     def stream() -> Iterator[RoundRecord]:
@@ -67,3 +72,11 @@ def ray_rounds(cfg: Config, train: Any, test: Any, placement_group: Any = None) 
             ray.kill(driver)
 
     return setup, stream(), driver
+
+
+def run_placement(driver: Any) -> dict[str, str]:
+    """Where a run executes: node ids of its client actors (JSON list, actor order) and of the
+    process that writes its rows. Call before iterating the rounds (the actor serves one call at a time)."""
+    import json
+    nodes = [p["node_id"] for p in ray.get(driver.placements.remote())]
+    return {"client_nodes": json.dumps(nodes), "writer_node": ray.get_runtime_context().get_node_id()}

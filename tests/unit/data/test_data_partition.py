@@ -117,6 +117,12 @@ def test_shards_sizes_follow_sigma() -> None:
     assert max(skewed) / min(skewed) > 3
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_shards_uses_every_sample_once(seed: int) -> None:
+    parts = partition(LABELS, 10, "shards", _rng(seed), shard_size_sigma=1.0)
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(LABELS.size))
+
+
 def test_shards_splits_each_client_evenly_between_its_classes_when_unclipped() -> None:
     parts = partition(LABELS, 10, "shards", _rng(10), shard_size_sigma=0.0)
     for p in parts:

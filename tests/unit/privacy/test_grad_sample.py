@@ -231,6 +231,14 @@ def test_inplace_modified_output_is_refused():
         make_engine("bk").clipped_sum(model, torch.randn(3, 4), torch.tensor([0, 1, 0]), 1.0)
 
 
+def test_tied_weights_are_refused():
+    first, second = nn.Linear(4, 4), nn.Linear(4, 4)
+    second.weight = first.weight
+    model = nn.Sequential(first, nn.Tanh(), second)
+    with pytest.raises(ValueError, match="tied"):
+        make_engine("bk").clipped_sum(model, torch.randn(3, 4), torch.tensor([0, 1, 0]), 1.0)
+
+
 def test_threshold_validation():
     model, shape, classes = _model("cnn8_gray")
     x, y = _data(shape, classes, batch=2)

@@ -1,0 +1,81 @@
+"""Reading a results folder (SPEC §5) into pandas, and the labels that group its runs.
+
+Works while a sweep is still writing: the sink renames finished files into place, so every file
+read here is complete; a run that is still going simply has fewer rounds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from raysim.results import read_table
+
+# the columns that identify one experimental setting; seeds of a setting are averaged
+GROUP_KEYS: list[str] = ["method", "dataset", "partition", "alpha", "privacy"]
+
+
+@dataclass(frozen=True)
+class Results:
+    """The four result tables of one folder, with the columns of raysim/results/schema.py."""
+
+    runs: pd.DataFrame
+    rounds: pd.DataFrame
+    clients: pd.DataFrame
+    partitions: pd.DataFrame
+
+
+def load_results(folder: str | os.PathLike[str]) -> Results:
+    """Read runs/, rounds/, clients/ and partitions/ of ``folder`` (a path or a pyarrow URI).
+
+    Raises ValueError when a local ``folder`` does not exist; an existing folder without runs
+    gives empty tables (the caller decides whether that is an error).
+    """
+    folder = str(folder)
+    if "://" not in folder and not os.path.isdir(folder):
+        raise ValueError(f"results folder {folder!r} does not exist")
+    return Results(*(read_table(folder, name) for name in ("runs", "rounds", "clients", "partitions")))
+
+
+def _config(row: pd.Series) -> dict[str, Any]:
+    try:
+        return json.loads(row["config"]) if isinstance(row["config"], str) else {}
+    except json.JSONDecodeError:
+        return {}
+
+
+def privacy_label(row: pd.Series) -> str:
+    """'no DP', 'ε=8' (calibrated target) or 'σ=1.1' (given noise), plus a non-default clipping mode."""
+    privacy = _config(row).get("privacy", {})
+    clipping = row.get("clipping") if isinstance(row.get("clipping"), str) else privacy.get("clipping", "auto")
+    if clipping == "none":
+        return "no DP"
+    if privacy.get("epsilon") is not None:
+        label = f"ε={privacy['epsilon']:g}"
+    elif privacy.get("noise_multiplier") is not None:
+        label = f"σ={privacy['noise_multiplier']:g}"
+    else:
+        # a non-private method with clipping=auto before its setup row was written
+        return "no DP"
+    return label if clipping in ("per_sample", "auto") else f"{label}, {clipping} clipping"
+
+
+def partition_label(partition: Any, alpha: Any) -> str:
+    if partition == "dirichlet":
+        return f"Dirichlet α={alpha:g}" if isinstance(alpha, float) and not math.isnan(alpha) else "Dirichlet"
+    return {"shards": "class shards", "iid": "IID"}.get(partition, str(partition))
+
+
+def with_keys(runs: pd.DataFrame) -> pd.DataFrame:
+    """``runs`` plus the derived columns ``privacy`` and ``setting`` (dataset and partition, readable)."""
+    from analysis.paper import dataset_label
+    out = runs.copy()
+    out["privacy"] = [privacy_label(r) for _, r in out.iterrows()] if len(out) else pd.Series(dtype=str)
+    out["setting"] = [f"{dataset_label(d)}, {partition_label(p, a)}"
+                      for d, p, a in zip(out["dataset"], out["partition"], out["alpha"])]
+    return out

@@ -1,0 +1,38 @@
+"""Flat-vector helpers for hooks that keep server state as one vector (FedProx, FedACG, SCAFFOLD).
+
+The order is ``model.parameters()`` order, the same as ``parameters_to_vector``, which is how
+the server's global weights and every broadcast vector are laid out.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch.nn.utils import parameters_to_vector
+
+
+def split_like(flat: torch.Tensor, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Pieces of ``flat`` shaped like each of ``params`` (views when device and dtype already match)."""
+    out, offset = [], 0
+    for p in params:
+        n = p.numel()
+        out.append(flat[offset:offset + n].view_as(p).to(device=p.device, dtype=p.dtype))
+        offset += n
+    if offset != flat.numel():
+        raise ValueError(f"flat vector has {flat.numel()} entries, the parameters {offset}")
+    return out
+
+
+def flatten(params: Sequence[torch.Tensor]) -> torch.Tensor:
+    """A detached copy of ``params`` as one flat vector."""
+    with torch.no_grad():
+        return parameters_to_vector(params).detach().clone()
+
+
+def uniform_mean(deltas: Sequence[torch.Tensor]) -> torch.Tensor:
+    """(1/N) Σ_i Δ_i, accumulated in float64 in the (client-id) order given, returned as float64."""
+    out = torch.zeros_like(deltas[0], dtype=torch.float64)
+    for d in deltas:
+        out.add_(d.to(torch.float64))
+    return out / len(deltas)

@@ -1,0 +1,86 @@
+"""SCAFFOLD (Karimireddy et al., ICML 2020), option II control variates, full participation.
+
+Server: control variate c (0 before round 1), broadcast as ``payload.broadcast["control"]``.
+Client i: its own c_i (0 before its first round) travels in ``ClientTask.client_state`` and so lives
+on the server (a restarted actor recovers it). Each local step adds the correction c − c_i to the
+gradient; after K local steps of size η_l from x to y_i,
+c_i⁺ = c_i − c + (x − y_i)/(K·η_l) becomes the new client state. Server, with N clients (all
+participate): x ← x + (1/N) Σ_i Δy_i (global step 1, the uniform mean of the paper) and
+c ← c + (1/N) Σ_i (c_i⁺ − c_i).
+
+Privacy: non-private by default; with ``privacy.epsilon`` the local steps are DP-SGD. The correction
+c − c_i is added after privatisation, and c_i⁺ and c are computed from the DP-trained y_i (uploaded
+as Δy_i anyway) and earlier controls, so the controls are post-processing of DP outputs: free.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from raysim.algorithms.base import Aggregate, ClientHooks, MethodContext, MethodSpec, Server
+from raysim.algorithms.flat import flatten, split_like, uniform_mean
+from raysim.algorithms.registry import register
+from raysim.algorithms.server_math import scaffold_control_update
+from raysim.config import Config
+from raysim.types import ClientResult, ClientTask, RoundPayload
+
+CONTROL = "control"
+
+
+class ScaffoldHooks(ClientHooks):
+    def __init__(self, cfg: Config, payload: RoundPayload, task: ClientTask) -> None:
+        super().__init__(cfg, payload, task)
+        self.server_control: torch.Tensor = payload.broadcast[CONTROL]
+        state = task.client_state or {}
+        own = state.get(CONTROL)
+        self.client_control = torch.zeros_like(self.server_control) if own is None else own
+        self._correction: list[torch.Tensor] | None = None
+
+    def extra_gradient(self, params: list[torch.nn.Parameter]) -> list[torch.Tensor] | None:
+        if self._correction is None:
+            self._correction = split_like(self.server_control - self.client_control, params)
+        return self._correction
+
+    def finalize(self, params: list[torch.nn.Parameter], num_steps: int) -> dict[str, Any] | None:
+        new = scaffold_control_update(
+            self.client_control.double().numpy(), self.server_control.double().numpy(),
+            self.payload.start_weights.double().numpy(), flatten(params).double().cpu().numpy(),
+            lr=self.cfg.lr, num_steps=num_steps)
+        return {CONTROL: torch.from_numpy(new).to(self.server_control.dtype)}
+
+
+class ScaffoldServer(Server):
+    def __init__(self, ctx: MethodContext) -> None:
+        super().__init__(ctx)
+        self.control = torch.zeros(ctx.num_params, dtype=torch.float32)
+        self.sent: dict[int, torch.Tensor | None] = {}    # c_i each client started the round with
+
+    def payload(self, server_round: int, global_weights: torch.Tensor) -> RoundPayload:
+        return RoundPayload(server_round, global_weights, global_weights, {CONTROL: self.control})
+
+    def tasks(self, server_round: int, client_states: dict[int, dict[str, Any] | None]) -> list[ClientTask]:
+        tasks = super().tasks(server_round, client_states)
+        self.sent = {t.client_id: (t.client_state or {}).get(CONTROL) for t in tasks}
+        return tasks
+
+    def aggregate(self, server_round: int, global_weights: torch.Tensor, results: Sequence[ClientResult]) -> Aggregate:
+        step = uniform_mean([r.delta for r in results])
+        control_deltas = []
+        for r in results:
+            new = (r.client_state or {}).get(CONTROL)
+            if new is None:
+                raise RuntimeError(f"client {r.client_id} returned no SCAFFOLD control variate")
+            old = self.sent.get(r.client_id)
+            control_deltas.append(new if old is None else new - old)
+        # Full participation: c ← c + (|S|/N)·mean_S Δc_i = c + (1/N) Σ_i Δc_i.
+        self.control = (self.control.double() + uniform_mean(control_deltas)).to(self.control.dtype)
+        logs = [{"aggregation_weight": 1.0 / len(results)} for _ in results]
+        return Aggregate((global_weights.double() + step).to(global_weights.dtype), logs, {})
+
+
+SCAFFOLD = register(MethodSpec(
+    name="scaffold", summary="SCAFFOLD (option II control variates), non-private unless privacy.epsilon is set",
+    source="Karimireddy et al., SCAFFOLD: Stochastic Controlled Averaging for Federated Learning, ICML 2020",
+    server=ScaffoldServer, client=ScaffoldHooks, private=False))

@@ -1,0 +1,165 @@
+"""Run many experiments at once on one Ray cluster, with Ray Core (see docs/cluster.md for why not Tune).
+
+Each run gets a placement group (one bundle per client actor, strategy PACK) that holds its
+driver and client actors. The run itself, the ``run_experiment`` call that streams rows into
+the results folder, is a zero-CPU task pinned to the node of the sweep's driver (the head node
+under ``ray job submit``), so every row is written by one machine into one folder while the
+actors are spread over the cluster. At most ``max_concurrent`` placement groups are requested at
+a time; Ray reserves those that fit and the sweep starts a run when its group is ready.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from raysim.config import Config
+from raysim.experiment import run_id_for
+from raysim.runtime.driver import init_ray
+from raysim.runtime.ray_executor import cpus_per_actor
+
+__all__ = ["RunOutcome", "SweepListener", "run_sweep", "size_run"]
+
+
+@dataclass
+class RunOutcome:
+    run_id: str
+    status: str                      # completed | failed
+    row: dict[str, Any] | None = None
+    error: str | None = None
+
+
+class SweepListener(Protocol):
+    def started(self, run_id: str) -> None: ...
+    def finished(self, outcome: RunOutcome) -> None: ...
+    def tick(self, queued: int) -> None: ...   # runs not started yet
+
+
+@dataclass
+class _Planned:
+    cfg: Config
+    bundles: list[dict[str, float]]   # empty: serial executor, the run task holds the CPUs itself
+    demand: dict[str, float]
+
+
+def size_run(cfg: Config) -> _Planned:
+    """Fix the run's per-actor CPUs (so the actors ask for exactly what the bundles hold) and its bundles."""
+    r = cfg.runtime
+    if r.executor == "serial":
+        return _Planned(cfg, [], {"CPU": float(r.torch_threads)})
+    num_actors = min(r.num_actors or cfg.num_clients, cfg.num_clients)
+    cpus = cpus_per_actor(cfg, num_actors)
+    cfg = cfg.replace(runtime=dataclasses.replace(r, num_cpus_per_client=cpus))
+    bundle = {"CPU": cpus, **({"GPU": r.num_gpus_per_client} if r.num_gpus_per_client > 0 else {})}
+    return _Planned(cfg, [dict(bundle) for _ in range(num_actors)], {k: v * num_actors for k, v in bundle.items()})
+
+
+def _fits(plan: _Planned, totals: dict[str, float]) -> bool:
+    return all(totals.get(k, 0.0) + 1e-9 >= v for k, v in plan.demand.items())
+
+
+def default_concurrency(plans: Sequence[_Planned], totals: dict[str, float]) -> int:
+    """How many of the largest runs fit the cluster's current resources at once (at least 1)."""
+    fit = math.inf
+    for plan in plans:
+        for k, v in plan.demand.items():
+            if v > 0:
+                fit = min(fit, totals.get(k, 0.0) // v)
+    return int(max(1, fit if math.isfinite(fit) else 1))
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def _run_task(cfg: Config, results_dir: str, sweep_id: str, pg: Any) -> dict[str, Any]:
+    from raysim.experiment import run_experiment
+    return run_experiment(cfg, results_dir, sweep_id=sweep_id, placement_group=pg).row
+
+
+def _error_text(exc: BaseException) -> str:
+    cause = getattr(exc, "cause", None)   # RayTaskError wraps what the run raised
+    if isinstance(cause, BaseException):
+        return f"{type(cause).__name__}: {cause}".splitlines()[0]
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+
+
+def _record_failure(results_dir: str, run_id: str, error: str) -> dict[str, Any] | None:
+    """A run whose process died cannot write its own failed row; the sweep does it (same node)."""
+    from raysim.results import ResultsSink
+    sink = ResultsSink(results_dir)
+    row = sink.read_run(run_id)
+    if row is not None and row.get("status") not in ("completed", "failed"):
+        row.update(status="failed", error=error)
+        sink.write_run(row)
+    return row
+
+
+def run_sweep(configs: Sequence[Config], results_dir: str, sweep_id: str, *, address: str | None = None,
+              max_concurrent: int | None = None, listener: SweepListener | None = None,
+              poll_seconds: float = 1.0) -> list[RunOutcome]:
+    """Run ``configs`` in parallel; returns one outcome per config, in completion order.
+
+    A failing run does not stop the others. ``max_concurrent`` bounds the placement groups in
+    flight (default: as many of the largest runs as fit the cluster's current resources); groups
+    that do not fit wait in Ray's queue, where an autoscaling cluster sees them and grows.
+    """
+    init_ray(address)
+    here = ray.get_runtime_context().get_node_id()
+    pin = NodeAffinitySchedulingStrategy(node_id=here, soft=False)
+    plans = [size_run(cfg) for cfg in configs]
+    totals = {k: float(v) for k, v in ray.cluster_resources().items()}
+    cap = max_concurrent or default_concurrency(plans, totals)
+    queue = deque(plans)
+    waiting: dict[Any, tuple[_Planned, Any]] = {}    # pg.ready() ref -> (plan, pg)
+    running: dict[Any, tuple[_Planned, Any]] = {}    # run task ref -> (plan, pg or None)
+    outcomes: list[RunOutcome] = []
+    warned = False
+
+    def launch(plan: _Planned, pg: Any) -> None:
+        options: dict[str, Any] = {"scheduling_strategy": pin}
+        if pg is None:
+            options["num_cpus"] = plan.demand["CPU"]
+        ref = _run_task.options(**options).remote(plan.cfg, results_dir, sweep_id, pg)
+        running[ref] = (plan, pg)
+        if listener:
+            listener.started(run_id_for(plan.cfg))
+
+    while queue or waiting or running:
+        while queue and len(waiting) + len(running) < cap:
+            plan = queue.popleft()
+            if not _fits(plan, totals) and not warned:
+                warned = True
+                print(f"raysim: a run needs {plan.demand} but the cluster has {totals}; waiting for resources "
+                      f"(an autoscaling cluster adds nodes; Ctrl-C to stop)", flush=True)
+            if plan.bundles:
+                pg = placement_group(plan.bundles, strategy="PACK")
+                waiting[pg.ready()] = (plan, pg)
+            else:
+                launch(plan, None)
+        ready, _ = ray.wait([*waiting, *running], num_returns=1, timeout=poll_seconds)
+        for ref in ready:
+            if ref in waiting:
+                launch(*waiting.pop(ref))
+                continue
+            plan, pg = running.pop(ref)
+            run_id = run_id_for(plan.cfg)
+            try:
+                outcome = RunOutcome(run_id, "completed", row=ray.get(ref))
+            except Exception as exc:  # a failed run is reported, the sweep goes on
+                error = _error_text(exc)
+                outcome = RunOutcome(run_id, "failed", row=_record_failure(results_dir, run_id, error), error=error)
+            finally:
+                if pg is not None:
+                    remove_placement_group(pg)
+            outcomes.append(outcome)
+            if listener:
+                listener.finished(outcome)
+        if listener:
+            listener.tick(len(waiting) + len(queue))
+        totals = {k: float(v) for k, v in ray.cluster_resources().items()}
+    return outcomes

@@ -1,0 +1,150 @@
+"""``raysim sweep SWEEP.yaml``: expand, skip completed runs, run the rest in parallel, summarise."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+from raysim.config import Config, ConfigError
+from raysim.sweep import Sweep, check_sweep, load_sweep, read_statuses, run_label
+
+
+class SweepProgress:
+    """One tqdm bar over the rounds still to run: runs done / running / queued / failed, and ETA."""
+
+    def __init__(self, sweep: Sweep, todo: Sequence[Config], results_dir: str) -> None:
+        from tqdm import tqdm
+        from raysim.experiment import run_id_for
+        from raysim.results import ResultsSink
+        self.sink = ResultsSink(results_dir)
+        self.rounds = {run_id_for(c): c.rounds for c in todo}
+        self.labels = {run_id_for(c): run_label(c) for c in todo}
+        self.running: dict[str, int] = {}
+        self.done_rounds = 0
+        self.completed = self.failed = self.queued = 0
+        self.last_poll = self.last_draw = 0.0
+        self.shown: tuple[int, str] | None = None
+        self.bar = tqdm(total=sum(self.rounds.values()), desc=f"sweep {sweep.sweep_id}", unit="round",
+                        file=sys.stderr, dynamic_ncols=True)
+        self._update(force=True)
+
+    def _update(self, force: bool = False) -> None:
+        # Redraw only on change (or every 30 s): under `ray job submit` each redraw is a log line.
+        n = self.done_rounds + sum(self.running.values())
+        postfix = (f"runs {self.completed}/{len(self.rounds)} done, {len(self.running)} running, "
+                   f"{self.queued} queued, {self.failed} failed")
+        now = time.monotonic()
+        if force or (n, postfix) != self.shown or now - self.last_draw > 30:
+            self.shown, self.last_draw = (n, postfix), now
+            self.bar.n = n
+            self.bar.set_postfix_str(postfix, refresh=False)
+            self.bar.refresh()
+
+    def started(self, run_id: str) -> None:
+        self.running[run_id] = 0
+        self._update()
+
+    def finished(self, outcome: Any) -> None:
+        self.running.pop(outcome.run_id, None)
+        self.done_rounds += self.rounds[outcome.run_id]   # a failed run's rounds will not be run either
+        label = self.labels[outcome.run_id]
+        if outcome.status == "completed":
+            self.completed += 1
+            acc = (outcome.row or {}).get("final_test_accuracy")
+            self.bar.write(f"done    {outcome.run_id}  ({label})  accuracy {acc:.4f}" if acc is not None
+                           else f"done    {outcome.run_id}  ({label})")
+        else:
+            self.failed += 1
+            self.bar.write(f"FAILED  {outcome.run_id}  ({label}): {outcome.error}")
+        self._update()
+
+    def tick(self, queued: int) -> None:
+        self.queued = queued
+        now = time.monotonic()
+        if now - self.last_poll >= 2.0:   # rounds of running runs, read from their runs rows
+            self.last_poll = now
+            for run_id in self.running:
+                row = self.sink.read_run(run_id)
+                if row is not None:
+                    self.running[run_id] = min(int(row.get("rounds_completed") or 0), self.rounds[run_id])
+        self._update()
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return "∞" if math.isinf(v) else ("" if math.isnan(v) else f"{v:.4f}")
+    return "" if v is None else str(v)
+
+
+def print_sweep_summary(sweep: Sweep, rows: dict[str, dict[str, Any] | None], results_dir: str) -> int:
+    """The table of every run of the sweep; returns how many are not completed."""
+    cols = [("run_id", "run_id"), ("alpha", "α"), ("status", "status"), ("final_test_accuracy", "accuracy"),
+            ("final_test_f1", "macro-F1"), ("epsilon", "ε"), ("wall_seconds", "wall s")]
+    table = []
+    for run_id in sweep.run_ids:
+        row = rows.get(run_id) or {"run_id": run_id, "status": "missing"}
+        table.append([_fmt(row.get(k)) for k, _ in cols])
+    widths = [max(len(h), *(len(t[i]) for t in table)) for i, (_, h) in enumerate(cols)]
+    print("  ".join(h.ljust(w) for (_, h), w in zip(cols, widths)))
+    for t in table:
+        print("  ".join(v.ljust(w) for v, w in zip(t, widths)))
+    bad = [(cfg, rows.get(run_id)) for cfg, run_id in zip(sweep.configs, sweep.run_ids)
+           if (rows.get(run_id) or {}).get("status") != "completed"]
+    if bad:
+        print(f"\n{len(bad)} run(s) did not complete:")
+        for cfg, row in bad:
+            status = (row or {}).get("status", "missing")
+            print(f"  {run_label(cfg)}: {status}: {(row or {}).get('error') or 'no error recorded'}")
+        print("Rerun the same command to redo them (completed runs are skipped).")
+    shown = results_dir if "://" in results_dir else os.path.abspath(results_dir)
+    print(f"\nResults (Parquet, sweep_id {sweep.sweep_id}): {shown}/runs, /rounds, /clients, /partitions")
+    return len(bad)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    if args.max_concurrent is not None and args.max_concurrent < 1:
+        raise ConfigError(f"--max-concurrent must be >= 1, got {args.max_concurrent}")
+    sweep = load_sweep(args.sweep, args.overrides, args.data_root, args.address)
+    check_sweep(sweep)
+    results_dir = args.results_dir
+    if "://" not in results_dir and not os.path.isabs(results_dir) and "runtime_resources" in os.getcwd():
+        print(f"raysim: warning: --results-dir {results_dir} is relative to the job's temporary working dir; "
+              f"pass an absolute path (or s3://…) to keep the results", file=sys.stderr)
+    rows = read_statuses(sweep, results_dir)
+    todo = [cfg for cfg, run_id in zip(sweep.configs, sweep.run_ids)
+            if (rows[run_id] or {}).get("status") != "completed"]
+    skipped = len(sweep.configs) - len(todo)
+    dup = f" ({sweep.duplicates} duplicate grid points merged)" if sweep.duplicates else ""
+    print(f"sweep {sweep.sweep_id}: {len(sweep.configs)} runs{dup}, {skipped} already completed, {len(todo)} to run",
+          flush=True)
+    if args.dry_run:
+        for cfg, run_id in zip(sweep.configs, sweep.run_ids):
+            print(f"  {(rows[run_id] or {}).get('status', 'new'):<10} {run_id}  {run_label(cfg)}")
+        return 0
+    if todo:
+        from raysim.runtime.sweep_runner import run_sweep
+        progress = SweepProgress(sweep, todo, results_dir)
+        try:
+            run_sweep(todo, results_dir, sweep.sweep_id, address=args.address, max_concurrent=args.max_concurrent,
+                      listener=progress)
+        finally:
+            progress.close()
+    failed = print_sweep_summary(sweep, read_statuses(sweep, results_dir), results_dir)
+    return 1 if failed else 0
+
+
+def add_subparser(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
+    p = sub.add_parser("sweep", help="run a grid of experiments in parallel on Ray (resumable)")
+    p.add_argument("sweep", help="sweep YAML: base config + grid of dotted keys (+ overrides)")
+    add_common(p)
+    p.add_argument("--max-concurrent", type=int, default=None, metavar="N",
+                   help="runs in flight at once (default: as many as fit the cluster's resources)")
+    p.add_argument("--dry-run", action="store_true", help="list the runs and their status, run nothing")
+    p.set_defaults(func=cmd_sweep)

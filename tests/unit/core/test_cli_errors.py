@@ -1,0 +1,56 @@
+"""Bad input gets one line on stderr and exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from raysim.cli import main
+from tests.conftest import REPO
+
+QUICKSTART = str(REPO / "experiments" / "quickstart.yaml")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--set", "bogus=1"], "'bogus': unknown key"),
+    (["--set", "method=fedmagic"], "unknown method 'fedmagic'"),
+    (["--set", "data.name=mnist"], "unknown dataset 'mnist'"),
+    (["--set", "data.alpha=0"], "'data.alpha': must be > 0"),
+    (["--set", "num_clients=100000"], "more than the"),
+    (["--set", "method=fedsa"], "needs privacy.epsilon"),
+    (["--set", "data.name=cifar10"], "--data-root"),
+])
+def test_run_user_errors(args, fragment, capsys, tmp_path):
+    code = main(["run", QUICKSTART, "--results-dir", str(tmp_path), "--set", "runtime.executor=serial", *args])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert fragment in err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("raysim: error:")
+
+
+def test_missing_dataset_files_names_paths(capsys, tmp_path):
+    code = main(["run", QUICKSTART, "--results-dir", str(tmp_path / "r"), "--data-root", str(tmp_path),
+                 "--set", "data.name=svhn", "--set", "runtime.executor=serial"])
+    err = capsys.readouterr().err
+    assert code == 2 and str(tmp_path) in err and "train_32x32.mat" in err
+
+
+def test_missing_config_file(capsys, tmp_path):
+    assert main(["run", str(tmp_path / "nope.yaml")]) == 2
+    assert "config file not found" in capsys.readouterr().err
+
+
+def test_methods_lists_registered(capsys):
+    assert main(["methods"]) == 0
+    out = capsys.readouterr().out
+    for name in ("fedavg", "fedsa", "feddimdp", "feddimdp-no-cra", "feddimdp-no-adpc", "feddimdp-no-lldm"):
+        assert f"\n{name} " in "\n" + out
+
+
+def test_console_script_exit_code_no_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "raysim.cli", "run", QUICKSTART, "--set", "data.alpha=-1"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and "data.alpha" in proc.stderr
