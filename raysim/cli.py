@@ -83,6 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _diverged(exc: BaseException) -> str | None:
+    from raysim.simulation import TrainingDiverged
+    for e in (exc, getattr(exc, "cause", None)):
+        if isinstance(e, TrainingDiverged):
+            return str(e)
+    return None
+
+
 def _user_message(exc: BaseException) -> str | None:
     if isinstance(exc, (ConfigError, ValueError, UserError, FileNotFoundError)):
         return str(exc)
@@ -101,6 +109,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("raysim: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # user errors become one line; bugs keep their traceback
+        diverged = _diverged(exc)
+        if diverged is not None:
+            print(f"raysim: run failed: {diverged} (recorded as failed in the runs table)", file=sys.stderr)
+            return 1
         msg = _user_message(exc)
         if msg is None:
             raise

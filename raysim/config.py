@@ -176,6 +176,12 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
         if isinstance(value, bool):
             return value
         _fail(key, f"expected true/false, got {value!r}")
+    if annotation in (int, float) and isinstance(value, str):
+        # YAML 1.1 reads "1e-5" as a string; numbers written that way are still numbers.
+        try:
+            value = float(value)
+        except ValueError:
+            _fail(key, f"expected a number, got {value!r}")
     if annotation is int:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or float(value) != int(value):
             _fail(key, f"expected an integer, got {value!r}")

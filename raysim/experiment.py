@@ -77,6 +77,19 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def run_row(cfg: Config, sweep_id: str | None, status: str) -> dict[str, Any]:
+    """The runs row of ``cfg`` as it starts (also what a sweep records for a run that failed before
+    writing a row of its own)."""
+    return {
+        "run_id": run_id_for(cfg), "sweep_id": sweep_id, "method": cfg.method, "dataset": cfg.data.name,
+        "partition": cfg.data.partition, "alpha": cfg.data.alpha if cfg.data.partition == "dirichlet" else None,
+        "seed": cfg.seed, "num_clients": cfg.num_clients, "rounds": cfg.rounds,
+        "config": json.dumps(config_to_dict(cfg), sort_keys=True), "status": status, "start_time": _now(),
+        "rounds_completed": 0, "delta": cfg.privacy.delta, "accountant": cfg.privacy.accountant,
+        "code_version": code_version(), "hostname": socket.gethostname(),
+    }
+
+
 def run_experiment(cfg: Config, results_dir: str, *, sweep_id: str | None = None,
                    on_setup: Callable[[SetupRecord], None] | None = None,
                    on_round: Callable[[RoundRecord], None] | None = None,
@@ -89,15 +102,7 @@ def run_experiment(cfg: Config, results_dir: str, *, sweep_id: str | None = None
     sink = ResultsSink(results_dir)
     run_id = run_id_for(cfg)
     sink.clear_run(run_id)
-    start = _now()
-    row: dict[str, Any] = {
-        "run_id": run_id, "sweep_id": sweep_id, "method": cfg.method, "dataset": cfg.data.name,
-        "partition": cfg.data.partition, "alpha": cfg.data.alpha if cfg.data.partition == "dirichlet" else None,
-        "seed": cfg.seed, "num_clients": cfg.num_clients, "rounds": cfg.rounds,
-        "config": json.dumps(config_to_dict(cfg), sort_keys=True), "status": "running", "start_time": start,
-        "rounds_completed": 0, "delta": cfg.privacy.delta, "accountant": cfg.privacy.accountant,
-        "code_version": code_version(), "hostname": socket.gethostname(),
-    }
+    row = run_row(cfg, sweep_id, "running")
     sink.write_run(row)
     t0 = time.perf_counter()
     best_acc = best_f1 = -math.inf

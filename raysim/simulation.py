@@ -31,6 +31,10 @@ from raysim.training import sample_rate, steps_per_epoch
 from raysim.types import ClientData, ClientResult, ClientTask, RoundPayload
 
 
+class TrainingDiverged(RuntimeError):
+    """A client update or the global model became non-finite (NaN/inf): the run cannot continue."""
+
+
 class Executor(Protocol):
     """Where the clients of a run execute (serial in-process, or Ray actors)."""
 
@@ -128,6 +132,10 @@ class Simulation:
         t1 = time.perf_counter()
         if [r.client_id for r in results] != list(range(cfg.num_clients)):
             raise RuntimeError(f"round {t}: executor returned clients {[r.client_id for r in results]}")
+        bad = [r.client_id for r in results if not bool(torch.isfinite(r.delta).all())]
+        if bad:
+            raise TrainingDiverged(f"training diverged in round {t}: non-finite updates from clients {bad} "
+                                   f"(clip norm {tasks[0].clip_norm})")
         for r in results:
             self.client_states[r.client_id] = r.client_state
         agg = self.server.aggregate(t, self.weights, results)

@@ -95,16 +95,15 @@ def print_sweep_summary(sweep: Sweep, rows: dict[str, dict[str, Any] | None], re
     print("  ".join(h.ljust(w) for (_, h), w in zip(cols, widths)))
     for t in table:
         print("  ".join(v.ljust(w) for v, w in zip(t, widths)))
-    bad = [(cfg, rows.get(run_id)) for cfg, run_id in zip(sweep.configs, sweep.run_ids)
+    bad = [(cfg, run_id, rows.get(run_id) or {}) for cfg, run_id in zip(sweep.configs, sweep.run_ids)
            if (rows.get(run_id) or {}).get("status") != "completed"]
     if bad:
         print(f"\n{len(bad)} run(s) did not complete:")
-        for cfg, row in bad:
-            status = (row or {}).get("status", "missing")
-            print(f"  {run_label(cfg)}: {status}: {(row or {}).get('error') or 'no error recorded'}")
+        for cfg, run_id, row in bad:
+            print(f"  {run_id} ({run_label(cfg)}): {row.get('status', 'missing')}: "
+                  f"{row.get('error') or 'no error recorded'}")
         print("Rerun the same command to redo them (completed runs are skipped).")
-    shown = results_dir if "://" in results_dir else os.path.abspath(results_dir)
-    print(f"\nResults (Parquet, sweep_id {sweep.sweep_id}): {shown}/runs, /rounds, /clients, /partitions")
+    print(f"\nResults (Parquet, sweep_id {sweep.sweep_id}): {results_dir}/runs, /rounds, /clients, /partitions")
     return len(bad)
 
 
@@ -114,9 +113,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     sweep = load_sweep(args.sweep, args.overrides, args.data_root, args.address)
     check_sweep(sweep)
     results_dir = args.results_dir
-    if "://" not in results_dir and not os.path.isabs(results_dir) and "runtime_resources" in os.getcwd():
-        print(f"raysim: warning: --results-dir {results_dir} is relative to the job's temporary working dir; "
-              f"pass an absolute path (or s3://…) to keep the results", file=sys.stderr)
+    if "://" not in results_dir:
+        if not os.path.isabs(results_dir) and "runtime_resources" in os.getcwd():
+            print(f"raysim: warning: --results-dir {results_dir} is relative to the job's temporary working dir; "
+                  f"pass an absolute path (or s3://…) to keep the results", file=sys.stderr)
+        results_dir = os.path.abspath(results_dir)   # the run tasks' working directory may differ
     rows = read_statuses(sweep, results_dir)
     todo = [cfg for cfg, run_id in zip(sweep.configs, sweep.run_ids)
             if (rows[run_id] or {}).get("status") != "completed"]
@@ -134,6 +135,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         try:
             run_sweep(todo, results_dir, sweep.sweep_id, address=args.address, max_concurrent=args.max_concurrent,
                       listener=progress)
+        except KeyboardInterrupt:
+            progress.close()
+            print("raysim: sweep interrupted; rerun the same command to resume it", file=sys.stderr)
+            raise
         finally:
             progress.close()
     failed = print_sweep_summary(sweep, read_statuses(sweep, results_dir), results_dir)

@@ -107,7 +107,9 @@ class ClientHooks:
     @classmethod
     def releases_for(cls, cfg: Config) -> int:
         """DP releases per local step for the run ``cfg`` (the privacy plan reads this, not the attribute),
-        so a method whose count depends on a config option (DP-FedSAM's ``sam.mode``) is accounted right."""
+        so a method whose count depends on a config option (DP-FedSAM's ``sam.mode``) is accounted right.
+        An override must agree with ``releases_per_step`` of the hooks it constructs for ``cfg``: the
+        training loop makes exactly that many releases per step."""
         return cls.releases_per_step
 
     def private_gradient(self, params: list[torch.nn.Parameter], compute: Callable[[], Any]) -> Any:

@@ -256,9 +256,11 @@ def calibrate_noise_multiplier(
         if not all(m > 0.0 and math.isfinite(m) for m in multipliers):
             raise ValueError("sigma_schedule entries must be finite and > 0")
     for entry in shape:
-        if len(entry) != 2:
-            raise ValueError(f"events_shape entries must be (sample_rate, count), got {entry!r}")
-        StepEvent(entry[0], 1.0, entry[1])  # validates q and count with a clear message
+        try:
+            q, count = entry
+        except (TypeError, ValueError):
+            raise ValueError(f"events_shape entries must be (sample_rate, count), got {entry!r}") from None
+        StepEvent(q, 1.0, count)  # validates q and count with a clear message
     if not any(count for _, count in shape):
         raise ValueError("events_shape has no steps: any sigma (even 0) gives epsilon 0")
 
@@ -286,15 +288,16 @@ def _smallest_feasible(epsilon: Callable[[float], float], target: float, tol: fl
         (feasible if value <= 0.0 else infeasible).append(sigma)
         return value
 
-    # Wide steps: Brent's method needs a bracket, not a tight one.
+    # Upwards in wide steps: Brent's method needs a bracket, not a tight one.
     hi = 1.0
     while gap(math.log(hi)) > 0.0:
         hi *= 4.0
         if hi > _SIGMA_MAX:
             raise ValueError(f"no noise multiplier up to {_SIGMA_MAX:g} reaches epsilon {target:g}")
-    lo = hi / 4.0
+    # Downwards in smaller steps: a PLD evaluation gets slower the smaller sigma is.
+    lo = hi / 2.0
     while gap(math.log(lo)) <= 0.0:
-        hi, lo = lo, lo / 4.0
+        hi, lo = lo, lo / 2.0
         if lo < _SIGMA_MIN:
             raise ValueError(
                 f"epsilon {target:g} is reached with noise multiplier below {_SIGMA_MIN:g}: "
@@ -306,7 +309,7 @@ def _smallest_feasible(epsilon: Callable[[float], float], target: float, tol: fl
     except (ValueError, RuntimeError):
         pass  # discretisation artefacts; the bisection below does not need Brent to succeed
     hi = min(feasible)
-    lo = max((s for s in infeasible if s < hi), default=hi / 4.0)
+    lo = max((s for s in infeasible if s < hi), default=hi / 2.0)
     while hi / lo > 1.0 + tol:
         mid = math.sqrt(lo * hi)
         if gap(math.log(mid)) <= 0.0:

@@ -53,10 +53,14 @@ class RayExecutor:
         self.actors: list[Any] = []
         self.owner: dict[int, int] = {}
         self.placement_group = placement_group
+        self.train_ref: list | None = None
 
     def start(self, cfg: Config, clipping: str, train: Any, clients: Sequence[ClientData]) -> None:
         num_actors = min(cfg.runtime.num_actors or cfg.num_clients, cfg.num_clients)
         train_ref = train if isinstance(train, list) else [ray.put(train)]
+        # Held for the executor's lifetime: a restarted actor re-runs __init__ with these same
+        # arguments, and the train arrays must still exist in the object store then.
+        self.train_ref = train_ref
         options: dict[str, Any] = {
             "num_cpus": cpus_per_actor(cfg, num_actors), "num_gpus": cfg.runtime.num_gpus_per_client,
             "max_restarts": cfg.runtime.max_actor_restarts, "max_task_retries": cfg.runtime.max_actor_restarts,
@@ -87,3 +91,4 @@ class RayExecutor:
         for a in self.actors:
             ray.kill(a)
         self.actors = []
+        self.train_ref = None

@@ -88,12 +88,16 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
 
 
-def _record_failure(results_dir: str, run_id: str, error: str) -> dict[str, Any] | None:
-    """A run whose process died cannot write its own failed row; the sweep does it (same node)."""
+def _record_failure(results_dir: str, cfg: Config, sweep_id: str, error: str) -> dict[str, Any]:
+    """A run that died, or failed before writing its first row (e.g. its data could not be
+    partitioned), cannot record its own failure; the sweep does, on the same node."""
+    from raysim.experiment import run_row
     from raysim.results import ResultsSink
     sink = ResultsSink(results_dir)
-    row = sink.read_run(run_id)
-    if row is not None and row.get("status") not in ("completed", "failed"):
+    row = sink.read_run(run_id_for(cfg))
+    if row is None:
+        row = run_row(cfg, sweep_id, "failed")
+    if row.get("status") != "completed":
         row.update(status="failed", error=error)
         sink.write_run(row)
     return row
@@ -134,7 +138,8 @@ def run_sweep(configs: Sequence[Config], results_dir: str, sweep_id: str, *, add
             plan = queue.popleft()
             if not _fits(plan, totals) and not warned:
                 warned = True
-                print(f"raysim: a run needs {plan.demand} but the cluster has {totals}; waiting for resources "
+                have = {k: totals.get(k, 0.0) for k in plan.demand}
+                print(f"raysim: a run needs {plan.demand} but the cluster has {have}; waiting for resources "
                       f"(an autoscaling cluster adds nodes; Ctrl-C to stop)", flush=True)
             if plan.bundles:
                 pg = placement_group(plan.bundles, strategy="PACK")
@@ -152,7 +157,8 @@ def run_sweep(configs: Sequence[Config], results_dir: str, sweep_id: str, *, add
                 outcome = RunOutcome(run_id, "completed", row=ray.get(ref))
             except Exception as exc:  # a failed run is reported, the sweep goes on
                 error = _error_text(exc)
-                outcome = RunOutcome(run_id, "failed", row=_record_failure(results_dir, run_id, error), error=error)
+                row = _record_failure(results_dir, plan.cfg, sweep_id, error)
+                outcome = RunOutcome(run_id, "failed", row=row, error=error)
             finally:
                 if pg is not None:
                     remove_placement_group(pg)

@@ -19,7 +19,8 @@ QUICKSTART = str(REPO / "experiments" / "quickstart.yaml")
     (["--set", "data.name=mnist"], "unknown dataset 'mnist'"),
     (["--set", "data.alpha=0"], "'data.alpha': must be > 0"),
     (["--set", "num_clients=100000"], "more than the"),
-    (["--set", "method=fedsa"], "needs privacy.epsilon"),
+    (["--set", "method=fedsa", "--set", "privacy.epsilon=null"], "needs privacy.epsilon"),
+    (["--set", "method=fedavg", "--set", "privacy.clipping=none"], "drop one of them"),
     (["--set", "data.name=cifar10"], "--data-root"),
 ])
 def test_run_user_errors(args, fragment, capsys, tmp_path):
@@ -54,3 +55,13 @@ def test_console_script_exit_code_no_traceback(tmp_path):
                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "data.alpha" in proc.stderr
+
+
+def test_diverged_run_is_reported_and_recorded(capsys, tmp_path):
+    import pandas as pd
+    code = main(["run", QUICKSTART, "--results-dir", str(tmp_path), "--set", "runtime.executor=serial",
+                 "--set", "method=fedavg", "--set", "privacy.epsilon=null", "--set", "lr=1e30", "--set", "rounds=2"])
+    err = capsys.readouterr().err
+    assert code == 1 and "training diverged in round 1" in err
+    runs = pd.read_parquet(tmp_path / "runs")
+    assert runs["status"].tolist() == ["failed"] and "TrainingDiverged" in runs["error"].item()

@@ -186,16 +186,32 @@ def test_pld_discretization_levels():
 # ---------------------------------------------------------------------------------------------
 
 
-@settings(max_examples=25, deadline=None)
-@given(
+_CALIBRATION_CASES = dict(
     q=st.floats(min_value=1e-3, max_value=0.5),
     steps=st.integers(min_value=1, max_value=3000),
     target=st.floats(min_value=0.5, max_value=20.0),
 )
-def test_calibration_never_overshoots_rdp(q, steps, target):
+
+
+def _check_rdp_calibration(q, steps, target):
     sigma = calibrate_noise_multiplier(target, DELTA, [(q, steps)], "rdp")
     assert compute_epsilon_steps(q, sigma, steps, DELTA, "rdp") <= target
-    assert compute_epsilon_steps(q, 0.99 * sigma, steps, DELTA, "rdp") > target
+    assert compute_epsilon_steps(q, 0.99 * sigma, steps, DELTA, "rdp") > target  # tight
+
+
+# dp_accounting's RDP is slow for q near 0.5 (about 2 s per calibration), so the default run
+# draws few examples and the slow run many.
+@settings(max_examples=10, deadline=None)
+@given(**_CALIBRATION_CASES)
+def test_calibration_never_overshoots_rdp(q, steps, target):
+    _check_rdp_calibration(q, steps, target)
+
+
+@pytest.mark.slow
+@settings(max_examples=60, deadline=None)
+@given(**_CALIBRATION_CASES)
+def test_calibration_never_overshoots_rdp_many(q, steps, target):
+    _check_rdp_calibration(q, steps, target)
 
 
 @pytest.mark.parametrize("q, steps, target", [(0.0128, 7000, 8.0), (0.01, 100, 1.0), (0.2, 50, 3.0)])
@@ -219,9 +235,9 @@ def test_calibration_matches_dp_accounting_calibrate():
 
 @pytest.mark.parametrize("accountant", ACCOUNTANTS)
 def test_calibration_with_decaying_schedule(accountant):
-    shape = [(0.05, 40)] * 3
-    schedule = [0.8**j for j in range(3)]
-    target = 4.0
+    shape = [(0.02, 100)] * 3
+    schedule = [0.9**j for j in range(3)]
+    target = 2.0
     sigma0 = calibrate_noise_multiplier(target, DELTA, shape, accountant, sigma_schedule=schedule)
     events = [StepEvent(q, sigma0 * m, n) for (q, n), m in zip(shape, schedule)]
     eps = compute_epsilon(events, DELTA, accountant)
@@ -230,8 +246,8 @@ def test_calibration_with_decaying_schedule(accountant):
     # cross-check with dp_accounting directly on the composed event
     composed = dp_accounting.ComposedDpEvent([_poisson_gaussian(q, sigma0 * m, n) for (q, n), m in zip(shape, schedule)])
     assert _reference(composed, accountant) == pytest.approx(target, rel=1e-2)
-    # a decaying schedule needs a larger starting sigma than a constant one
-    assert sigma0 > calibrate_noise_multiplier(target, DELTA, shape, accountant)
+    # a decaying schedule needs a larger starting sigma than a constant one: sigma0 throughout is under target
+    assert compute_epsilon([StepEvent(q, sigma0, n) for q, n in shape], DELTA, accountant) < 0.99 * target
 
 
 @pytest.mark.parametrize(

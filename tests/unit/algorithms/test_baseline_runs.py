@@ -1,0 +1,56 @@
+"""Every baseline runs end to end (serial executor, digits, 2 rounds) under the shared DP setting."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from raysim.experiment import run_experiment
+from raysim.results import read_table
+from tests.helpers import tiny_config
+
+DP_METHODS = ("dp-fedsam", "dp-acdn", "fedacg", "awdp-fl", "dp-fedavg-adaptive")
+NON_PRIVATE = ("fedprox", "scaffold")
+# Two equal iid clients share one σ calibration, which keeps these runs short.
+SMALL = {"num_clients": 2, "data__partition": "iid"}
+
+
+def _run(tmp_path, method, **kw):
+    summary = run_experiment(tiny_config(method=method, **SMALL, **kw), str(tmp_path))
+    return summary.row, read_table(str(tmp_path), "rounds").sort_values("round"), read_table(str(tmp_path), "clients")
+
+
+@pytest.mark.parametrize("method", DP_METHODS)
+def test_dp_baseline_completes_within_budget(tmp_path, method):
+    row, rounds, clients = _run(tmp_path, method, privacy__epsilon=8)
+    assert row["status"] == "completed" and row["rounds_completed"] == 2
+    assert row["clipping"] == "per_sample"
+    assert 7.9 <= row["epsilon"] <= 8.0
+    assert (rounds["epsilon"] <= 8.0).all() and np.isfinite(rounds["test_accuracy"]).all()
+    if method == "dp-fedavg-adaptive":
+        assert rounds["clip_norm"].iloc[0] == 1.0
+        assert rounds["clip_norm"].iloc[1] == pytest.approx(rounds["next_clip_norm"].iloc[0])
+        assert "clipped-count" in row["not_covered_by_epsilon"]       # quantile.noise_multiplier = 0
+    if method == "awdp-fl":
+        for cell in clients["layer_clip_norms"]:
+            assert sum(c * c for c in json.loads(cell)) == pytest.approx(1.0, rel=1e-6)   # Σ C_k² = C² = 1
+    if method == "dp-acdn":
+        np.testing.assert_allclose(rounds["noise_multiplier_scale"], [1.0, 0.99])
+        by_round = clients.groupby("round")["noise_multiplier"].first()
+        assert by_round[2] == pytest.approx(0.99 * by_round[1])
+
+
+@pytest.mark.parametrize("method", NON_PRIVATE)
+def test_non_private_baseline_completes(tmp_path, method):
+    row, rounds, _ = _run(tmp_path, method)
+    assert row["status"] == "completed" and row["clipping"] == "none"
+    assert math.isinf(row["epsilon"]) or math.isnan(row["epsilon"])
+    assert np.isfinite(rounds["test_accuracy"]).all()
+
+
+def test_scaffold_dp_variant(tmp_path):
+    row, _, _ = _run(tmp_path, "scaffold", privacy__epsilon=8)
+    assert row["status"] == "completed" and row["clipping"] == "per_sample" and row["epsilon"] <= 8.0
