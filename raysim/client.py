@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -37,6 +38,22 @@ def layer_slices(model: torch.nn.Module) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
+def to_device(obj: Any, device: torch.device) -> Any:
+    """Move tensors (also inside dicts/lists) to ``device``; other values pass through."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_device(v, device) for v in obj)
+    return obj
+
+
+def client_device(cfg: Config) -> torch.device:
+    """CUDA when the actor was given a GPU share and one is visible, else CPU."""
+    return torch.device("cuda") if cfg.runtime.num_gpus_per_client > 0 and torch.cuda.is_available() else torch.device("cpu")
+
+
 class ClientRunner:
     """Holds the local data of its clients as tensors and runs their rounds.
 
@@ -50,14 +67,15 @@ class ClientRunner:
         self.clipping = clipping
         self.spec = get_method(cfg.method)
         self.info = train.info
-        self.model = model_for(cfg, train.info, self.spec.lldm)
+        self.device = client_device(cfg)
+        self.model = model_for(cfg, train.info, self.spec.lldm).to(self.device)
         self.engine = make_engine(cfg.privacy.engine)
         self.data: dict[int, tuple[torch.Tensor, ...]] = {}
         for c in clients:
-            self.data[c.client_id] = (
+            self.data[c.client_id] = to_device((
                 to_float_tensor(train.x[c.train_indices], train.info), torch.from_numpy(train.y[c.train_indices].astype(np.int64)),
                 to_float_tensor(train.x[c.val_indices], train.info), torch.from_numpy(train.y[c.val_indices].astype(np.int64)),
-            )
+            ), self.device)
 
     def client_ids(self) -> list[int]:
         return sorted(self.data)
@@ -66,6 +84,11 @@ class ClientRunner:
         start = time.perf_counter()
         x, y, xv, yv = self.data[task.client_id]
         model = self.model
+        if self.device.type != "cpu":
+            payload = dataclasses.replace(payload, start_weights=payload.start_weights.to(self.device),
+                                          global_weights=payload.global_weights.to(self.device),
+                                          broadcast=to_device(payload.broadcast, self.device))
+            task = dataclasses.replace(task, client_state=to_device(task.client_state, self.device))
         # A private copy: the parameters become views of it and are updated in place.
         vector_to_parameters(payload.start_weights.clone(), model.parameters())
         hooks = self.spec.client(self.cfg, payload, task)
@@ -75,7 +98,8 @@ class ClientRunner:
         new_state = hooks.finalize(params, stats.num_steps)
         with torch.no_grad():
             end = parameters_to_vector(params).detach().clone()
-        delta = end - payload.start_weights
+        delta = (end - payload.start_weights).cpu()
+        new_state = to_device(new_state, torch.device("cpu"))
         val_f1 = None
         if self.spec.server.uses_val_f1:
             val_f1 = evaluate(model, xv, yv, self.info.num_classes, self.cfg.eval_batch_size).f1 if len(yv) else 0.0

@@ -15,7 +15,7 @@ from typing import Any, Iterator, Protocol, Sequence
 import numpy as np
 import pandas as pd
 import torch
-from torch.nn.utils import parameters_to_vector
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from raysim.algorithms.base import MethodContext
 from raysim.algorithms.registry import get_method
@@ -148,7 +148,6 @@ class Simulation:
                     ledger.record(ev)
         eps = epsilon_many(self.ledgers) if self.clipping != "none" else [math.inf] * cfg.num_clients
         t3 = time.perf_counter()
-        from torch.nn.utils import vector_to_parameters
         vector_to_parameters(self.weights.clone(), self.model.parameters())
         ev = evaluate(self.model, self.test_x, self.test_y, self.info.num_classes, cfg.eval_batch_size)
         t4 = time.perf_counter()

@@ -66,7 +66,8 @@ def local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, hooks: Clien
             release = iter(range(hooks.releases_per_step))
 
             def compute(xb=xb, yb=yb, step=step):
-                gen = torch_generator(seed, "dp-noise", task.server_round, client_id, step, next(release))
+                gen = torch_generator(seed, "dp-noise", task.server_round, client_id, step, next(release),
+                                      device=x.device)
                 return privatize(model, xb, yb, mode=clipping, clip_norm=task.clip_norm,
                                  noise_multiplier=task.noise_multiplier, expected_batch_size=expected_batch,
                                  generator=gen, engine=engine, per_layer=per_layer)

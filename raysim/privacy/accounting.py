@@ -39,11 +39,16 @@ fixed levels keep epsilon a piecewise-smooth, decreasing function of sigma for c
 calibration does not rely on it for its guarantee (it only returns a sigma whose epsilon it has
 computed and found within the target).
 
-Performance notes. A ledger that keeps a constant ``(q, sigma)`` is a single self-composed event,
-which the PLD accountant evaluates with one FFT however many steps it holds. ``PrivacyLedger``
-composes incrementally: it keeps the accountant state and only composes what was recorded since
-the last evaluation, so a schedule whose sigma changes every round (DP-ACDN) costs one composition per
-round instead of one per past round. ``epsilon_many`` evaluates each distinct event list once.
+Performance notes (CPU seconds, 2 cores, dp-accounting 0.6.0). A ledger that keeps a constant
+``(q, sigma)`` is a single self-composed event. ``PrivacyLedger`` composes incrementally: it keeps the
+accountant state and composes only what was recorded since the last evaluation, so one round of 70
+steps (plus a side-channel event) costs about 0.07 s with PLD, and about 0.1 s for a sigma that
+changes every round (DP-ACDN), where recomputing from scratch would cost one composition per past round.
+``epsilon_many`` evaluates each distinct event list once. Calibration is a Brent search over
+``compute_epsilon`` (about 10 evaluations): q = 0.0128, 7000 steps, epsilon 8 takes about 0.9 s
+with PLD and 0.45 s with RDP; a 100-entry sigma schedule (one event per round) takes about 90 s
+with PLD and 50 s with RDP, once per run. dp_accounting's RDP is slower (and logs absl warnings
+about excluded orders) for large q with small sigma, e.g. q >= 0.05 with sigma < 1.
 """
 
 from __future__ import annotations
