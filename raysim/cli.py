@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any, Sequence
 
-from raysim.config import ConfigError, apply_overrides, config_from_dict, parse_override, read_yaml
+from raysim.config import ConfigError, apply_overrides, cli_overrides, config_from_dict, read_yaml
 
 
 class UserError(Exception):
@@ -24,13 +24,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def resolve_values(path: str, overrides: Sequence[str], data_root: str | None, address: str | None) -> dict[str, Any]:
-    values = read_yaml(path)
-    pairs = [parse_override(o) for o in overrides]
-    if data_root is not None:
-        pairs.append(("data.root", os.path.abspath(data_root)))
-    if address is not None:
-        pairs.append(("runtime.address", address))
-    return apply_overrides(values, pairs)
+    return apply_overrides(read_yaml(path), cli_overrides(list(overrides), data_root, address))
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -307,6 +307,18 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
+def cli_overrides(overrides: list[str] | tuple[str, ...], data_root: str | None = None,
+                  address: str | None = None) -> list[tuple[str, Any]]:
+    """``--set`` pairs plus the ``--data-root`` / ``--address`` shortcuts, in that order."""
+    import os
+    pairs = [parse_override(o) for o in overrides]
+    if data_root is not None:
+        pairs.append(("data.root", os.path.abspath(data_root)))
+    if address is not None:
+        pairs.append(("runtime.address", address))
+    return pairs
+
+
 def apply_overrides(values: dict[str, Any], overrides: list[tuple[str, Any]]) -> dict[str, Any]:
     """Return a deep copy of ``values`` with dotted-key overrides applied."""
     out = json.loads(json.dumps(values))

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from raysim.config import Config, ConfigError, apply_overrides, config_from_dict, parse_override, read_yaml
+from raysim.config import Config, ConfigError, apply_overrides, cli_overrides, config_from_dict, read_yaml
 
 __all__ = ["Sweep", "load_sweep", "expand_sweep", "check_sweep", "read_statuses", "sweep_id_for", "run_label"]
 
@@ -183,14 +183,9 @@ def expand_sweep(spec: Mapping[str, Any], *, name: str, base_dir: Path = Path(".
 def load_sweep(path: str | Path, overrides: Sequence[str] = (), data_root: str | None = None,
                address: str | None = None) -> Sweep:
     """Read and expand a sweep file; ``--set``, ``--data-root`` and ``--address`` apply to its base."""
-    import os
     p = Path(path)
-    pairs = [parse_override(o) for o in overrides]
-    if data_root is not None:
-        pairs.append(("data.root", os.path.abspath(data_root)))
-    if address is not None:
-        pairs.append(("runtime.address", address))
-    return expand_sweep(read_yaml(p), name=p.stem, base_dir=p.parent, overrides=pairs)
+    return expand_sweep(read_yaml(p), name=p.stem, base_dir=p.parent,
+                        overrides=cli_overrides(tuple(overrides), data_root, address))
 
 
 def check_sweep(sweep: Sweep) -> None:

@@ -18,16 +18,11 @@ __all__ = [
     "quantile_clip_update", "noised_fraction_below", "awdp_layer_weights",
 ]
 
+from raysim.algorithms.cra_math import _as_vector as _finite_vector  # one validation helper
+
 DENOISE_MODES = ("per_sample", "batch", "none")
 
 
-def _finite_vector(x: np.ndarray, name: str) -> np.ndarray:
-    arr = np.asarray(x, dtype=np.float64)
-    if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"{name} must be a non-empty 1-D array, got shape {arr.shape}")
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} must be finite, got {arr}")
-    return arr
 
 
 def median(values: np.ndarray) -> float:
