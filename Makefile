@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: run test install install-dev clean
+.PHONY: run test test-slow install install-dev clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +25,12 @@ install-dev: $(VENV)/.installed-dev
 run: install
 	$(BIN)/raysim run experiments/quickstart.yaml
 
+# The suite CI runs (about 10 minutes on 2 cores); `make test-slow` adds the long accountant grids.
 test: install-dev
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-slow: install-dev
+	$(BIN)/python -m pytest -q -m slow
 
 clean:
 	rm -rf $(VENV) results .pytest_cache
