@@ -1,0 +1,47 @@
+"""Fixed schemas of the result tables (SPEC §5).
+
+Every file of a table has the full schema, with nulls where a method does not log a column,
+so a results folder mixing methods reads as one table and no column is dropped by schema
+inference. A row with an unknown column is an error, not silently dropped.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+F64, I64, STR = pa.float64(), pa.int64(), pa.string()
+
+RUNS = pa.schema([
+    ("run_id", STR), ("sweep_id", STR), ("method", STR), ("dataset", STR), ("partition", STR), ("alpha", F64),
+    ("seed", I64), ("num_clients", I64), ("rounds", I64), ("config", STR), ("status", STR), ("error", STR),
+    ("start_time", pa.timestamp("us", tz="UTC")), ("end_time", pa.timestamp("us", tz="UTC")),
+    ("rounds_completed", I64), ("final_test_accuracy", F64), ("final_test_f1", F64), ("final_test_loss", F64),
+    ("best_test_accuracy", F64), ("best_test_f1", F64), ("epsilon", F64), ("delta", F64), ("noise_multiplier", F64),
+    ("clipping", STR), ("accountant", STR), ("not_covered_by_epsilon", STR), ("num_params", I64),
+    ("wall_seconds", F64), ("code_version", STR), ("hostname", STR),
+    ("client_nodes", STR), ("writer_node", STR),   # Ray node ids: client actors (JSON list), row writer
+])
+
+ROUNDS = pa.schema([
+    ("run_id", STR), ("round", I64), ("test_accuracy", F64), ("test_f1", F64), ("test_loss", F64),
+    ("clip_norm", F64), ("epsilon", F64), ("mean_train_loss", F64), ("round_seconds", F64),
+    ("client_train_seconds", F64), ("communication_seconds", F64), ("aggregation_seconds", F64),
+    ("accounting_seconds", F64), ("eval_seconds", F64), ("next_clip_norm", F64), ("noise_multiplier_scale", F64),
+    ("clipped_fraction_noisy", F64),
+])
+
+CLIENTS = pa.schema([
+    ("run_id", STR), ("round", I64), ("client_id", I64), ("num_samples", I64), ("num_steps", I64),
+    ("train_loss", F64), ("update_norm", F64), ("update_norm_raw", F64), ("update_norm_denoised", F64),
+    ("frac_clipped", F64), ("clip_norm", F64), ("noise_multiplier", F64), ("epsilon", F64),
+    ("val_f1", F64), ("val_f1_ema", F64), ("update_norm_ema", F64), ("reliability", F64), ("nominal_weight", F64),
+    ("deviation", F64), ("deviation_normalized", F64), ("robust_weight", F64), ("aggregation_weight", F64),
+    ("layer_clip_norms", STR), ("client_seconds", F64),
+])
+
+PARTITIONS = pa.schema([
+    ("run_id", STR), ("client_id", I64), ("label", I64), ("count", I64), ("split", STR),
+])
+
+SCHEMAS: dict[str, pa.Schema] = {"runs": RUNS, "rounds": ROUNDS, "clients": CLIENTS, "partitions": PARTITIONS}
+TABLES = tuple(SCHEMAS)

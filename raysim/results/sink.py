@@ -1,0 +1,91 @@
+"""Append-as-you-go Parquet sink, local folder or any pyarrow filesystem URI (s3://…).
+
+Layout: ``<dir>/runs/<run_id>.parquet`` (one row, rewritten atomically on each status change),
+``<dir>/rounds/<run_id>-r<round>.parquet`` and ``<dir>/clients/<run_id>-r<round>.parquet`` (one
+file per finished round: a crash loses at most the round in flight), and
+``<dir>/partitions/<run_id>.parquet``. File names are deterministic, so a redone round
+overwrites rather than duplicates; ``pandas.read_parquet(dir / "rounds")`` works while runs
+are going (files are written under a dot-name and renamed into place, and readers skip
+dot-files).
+"""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Any, Iterable, Mapping
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from raysim.results.schema import SCHEMAS
+
+
+def _table(name: str, rows: Iterable[Mapping[str, Any]]) -> pa.Table:
+    schema = SCHEMAS[name]
+    rows = list(rows)
+    unknown = sorted({k for r in rows for k in r} - set(schema.names))
+    if unknown:
+        raise ValueError(f"{name} table has no column(s) {unknown}; add them to raysim/results/schema.py")
+    columns = {f.name: [r.get(f.name) for r in rows] for f in schema}
+    return pa.Table.from_pydict(columns, schema=schema)
+
+
+class ResultsSink:
+    """Writes result rows under ``root`` (a path or a filesystem URI)."""
+
+    def __init__(self, root: str) -> None:
+        self.fs, self.root = pafs.FileSystem.from_uri(root) if "://" in str(root) else (pafs.LocalFileSystem(), str(root))
+        if isinstance(self.fs, pafs.LocalFileSystem):
+            import os
+            self.root = os.path.abspath(self.root)
+        for name in SCHEMAS:
+            self.fs.create_dir(posixpath.join(self.root, name), recursive=True)
+
+    def _write(self, table_name: str, file_stem: str, rows: Iterable[Mapping[str, Any]]) -> None:
+        final = posixpath.join(self.root, table_name, f"{file_stem}.parquet")
+        tmp = posixpath.join(self.root, table_name, f".{file_stem}.parquet.tmp")
+        table = _table(table_name, rows)
+        with self.fs.open_output_stream(tmp) as out:
+            pq.write_table(table, out)
+        self.fs.move(tmp, final)
+
+    def write_run(self, row: Mapping[str, Any]) -> None:
+        self._write("runs", row["run_id"], [row])
+
+    def write_round(self, run_id: str, server_round: int, round_row: Mapping[str, Any], client_rows: list[Mapping[str, Any]]) -> None:
+        # clients first: a rounds row implies its clients rows exist
+        stem = f"{run_id}-r{server_round:05d}"
+        self._write("clients", stem, [{"run_id": run_id, **r} for r in client_rows])
+        self._write("rounds", stem, [{"run_id": run_id, **round_row}])
+
+    def write_partition(self, run_id: str, stats: pd.DataFrame) -> None:
+        self._write("partitions", run_id, [{"run_id": run_id, **r} for r in stats.to_dict("records")])
+
+    def read_run(self, run_id: str) -> dict[str, Any] | None:
+        path = posixpath.join(self.root, "runs", f"{run_id}.parquet")
+        if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
+            return None
+        return pq.read_table(path, filesystem=self.fs).to_pylist()[0]
+
+    def clear_run(self, run_id: str) -> None:
+        """Delete a run's round, client and partition files (before it is redone from scratch)."""
+        for name in ("rounds", "clients", "partitions"):
+            selector = pafs.FileSelector(posixpath.join(self.root, name), allow_not_found=True)
+            for info in self.fs.get_file_info(selector):
+                base = posixpath.basename(info.path)
+                if base == f"{run_id}.parquet" or base.startswith(f"{run_id}-r"):
+                    self.fs.delete_file(info.path)
+
+
+def read_table(root: str, name: str) -> pd.DataFrame:
+    """One table of a results folder as a DataFrame (empty with the right columns if none yet)."""
+    if name not in SCHEMAS:
+        raise ValueError(f"unknown table {name!r}; tables: {', '.join(SCHEMAS)}")
+    fs, path = pafs.FileSystem.from_uri(root) if "://" in str(root) else (pafs.LocalFileSystem(), str(root))
+    full = posixpath.join(str(path), name)
+    info = fs.get_file_info(full)
+    if info.type == pafs.FileType.NotFound or not fs.get_file_info(pafs.FileSelector(full)):
+        return SCHEMAS[name].empty_table().to_pandas()
+    return pq.read_table(full, filesystem=fs, schema=SCHEMAS[name]).to_pandas()
