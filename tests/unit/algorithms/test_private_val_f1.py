@@ -1,0 +1,31 @@
+"""cra.private_val_f1: q_i is noised and its Gaussian release is composed into each client's ledger."""
+
+from __future__ import annotations
+
+import pytest
+
+from raysim.experiment import run_experiment
+from raysim.privacy.accounting import StepEvent, compute_epsilon
+from raysim.results import read_table
+from tests.helpers import tiny_config
+
+
+def test_private_val_f1_is_accounted(tmp_path):
+    sigma_f1 = 4.0
+    cfg = tiny_config(method="feddimdp", rounds=1, privacy__noise_multiplier=1.0,
+                      cra__private_val_f1=True, cra__val_f1_noise_multiplier=sigma_f1)
+    run_experiment(cfg, str(tmp_path / "private"))
+    run_experiment(tiny_config(method="feddimdp", rounds=1, privacy__noise_multiplier=1.0), str(tmp_path / "plain"))
+    private = read_table(str(tmp_path / "private"), "clients").sort_values("client_id")
+    plain = read_table(str(tmp_path / "plain"), "clients").sort_values("client_id")
+    runs = read_table(str(tmp_path / "private"), "runs")
+    assert runs["not_covered_by_epsilon"].item() == ""
+    assert "val_f1" in read_table(str(tmp_path / "plain"), "runs")["not_covered_by_epsilon"].item()
+    for (_, row), (_, ref) in zip(private.iterrows(), plain.iterrows()):
+        q = min(1.0, cfg.batch_size / row["num_samples"])
+        expected = compute_epsilon([StepEvent(q, 1.0, int(row["num_steps"])), StepEvent(1.0, sigma_f1, 1)],
+                                   cfg.privacy.delta, cfg.privacy.accountant)
+        assert row["epsilon"] == pytest.approx(expected, rel=1e-9)
+        assert row["epsilon"] > ref["epsilon"]
+        assert 0.0 <= row["val_f1"] <= 1.0
+    assert not (private["val_f1"].to_numpy() == plain["val_f1"].to_numpy()).all()
