@@ -69,6 +69,7 @@ class ClientRunner:
         self.info = train.info
         self.device = client_device(cfg)
         self.model = model_for(cfg, train.info, self.spec.lldm).to(self.device)
+        self.layer_slices = layer_slices(self.model)
         self.engine = make_engine(cfg.privacy.engine)
         self.data: dict[int, tuple[torch.Tensor, ...]] = {}
         for c in clients:
@@ -84,11 +85,11 @@ class ClientRunner:
         start = time.perf_counter()
         x, y, xv, yv = self.data[task.client_id]
         model = self.model
-        if self.device.type != "cpu":
-            payload = dataclasses.replace(payload, start_weights=payload.start_weights.to(self.device),
-                                          global_weights=payload.global_weights.to(self.device),
-                                          broadcast=to_device(payload.broadcast, self.device))
-            task = dataclasses.replace(task, client_state=to_device(task.client_state, self.device))
+        # No-ops on CPU (Tensor.to returns the same tensor), copies onto the GPU otherwise.
+        payload = dataclasses.replace(payload, start_weights=payload.start_weights.to(self.device),
+                                      global_weights=payload.global_weights.to(self.device),
+                                      broadcast=to_device(payload.broadcast, self.device))
+        task = dataclasses.replace(task, client_state=to_device(task.client_state, self.device))
         # A private copy: the parameters become views of it and are updated in place.
         vector_to_parameters(payload.start_weights.clone(), model.parameters())
         hooks = self.spec.client(self.cfg, payload, task)
@@ -110,7 +111,7 @@ class ClientRunner:
                 val_f1 = float(np.clip(val_f1 + noise, 0.0, 1.0))
         per_layer = None
         if self.spec.per_layer_clipping:
-            per_layer = [float(delta[a:b].norm()) for a, b in layer_slices(model)]
+            per_layer = [float(delta[a:b].norm()) for a, b in self.layer_slices]
         return ClientResult(
             client_id=task.client_id, server_round=task.server_round, num_samples=len(y), num_steps=stats.num_steps,
             delta=delta, train_loss=stats.train_loss, frac_clipped=stats.frac_clipped, val_f1=val_f1,
