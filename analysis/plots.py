@@ -230,3 +230,88 @@ def plot_partition(results: Results, out_dir: str | Path, run_id: str | None = N
     ax.legend(title="class", bbox_to_anchor=(1.01, 1), loc="upper left", fontsize=8)
     ax.set_title(f"Training data per client and class — {run['setting']}, seed {int(run['seed'])}\n{run_id}", fontsize=10)
     return _save(fig, out_dir, f"partition_{_slug(run_id)}")
+
+
+EXAMPLE_NORM_PANELS = 6   # runs per figure of plot_clip_vs_example_norms (a 2 × 3 grid at most)
+
+
+def plot_clip_vs_example_norms(results: Results, out_dir: str | Path) -> list[Path]:
+    """C^(t) against the clients' median per-example gradient norms, one panel per run that logged
+    the (never uploaded) true medians ``clients.example_norm_median_true``; at most
+    ``EXAMPLE_NORM_PANELS`` panels per PNG.
+
+    Per round: C^(t) (rounds.clip_norm) as a line, the spread over clients of the true medians as
+    a band (min to max) with their median over clients as a line, and the median over clients of
+    the private, noised medians (clients.example_norm_median, what ADPC reads) as a dashed line.
+    Log y-axis; non-positive values (a noised median can be ≤ 0) cannot be drawn on it and are
+    left out, and the legend counts them.
+    """
+    clients = results.clients
+    if "example_norm_median_true" not in clients.columns:
+        raise NothingToPlot("no run logged the clients' true median per-example gradient norm "
+                            "(this folder has no column example_norm_median_true)")
+    runs = _plotted_runs(results)
+    logged = clients[clients["example_norm_median_true"].notna() & clients["run_id"].isin(runs["run_id"])]
+    if logged.empty:
+        raise NothingToPlot("no run logged the clients' true median per-example gradient norm "
+                            "(example_norm_median_true is null for every non-failed run)")
+    runs = runs[runs["run_id"].isin(logged["run_id"].unique())].sort_values(["method", "setting", "seed", "run_id"])
+    has_private = "example_norm_median" in clients.columns
+    rounds = results.rounds
+
+    paths = []
+    n_figures = math.ceil(len(runs) / EXAMPLE_NORM_PANELS)
+    for k in range(n_figures):
+        chunk = runs.iloc[k * EXAMPLE_NORM_PANELS:(k + 1) * EXAMPLE_NORM_PANELS]
+        ncols = min(3, len(chunk))
+        nrows = math.ceil(len(chunk) / ncols)
+        fig = Figure(figsize=(6.2 * ncols, 4.6 * nrows))
+        axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
+        for ax, (_, run) in zip(axes, chunk.iterrows()):
+            _example_norm_panel(ax, run, logged[logged["run_id"] == run["run_id"]],
+                                clients[clients["run_id"] == run["run_id"]] if has_private else None,
+                                rounds[rounds["run_id"] == run["run_id"]])
+        for ax in axes[len(chunk):]:
+            ax.set_visible(False)
+        part = f" ({k + 1}/{n_figures})" if n_figures > 1 else ""
+        fig.suptitle("Clip norm C$^{(t)}$ vs the clients' median per-example gradient norms" + part)
+        fig.tight_layout()
+        suffix = f"_{k + 1}" if n_figures > 1 else ""
+        paths.append(_save(fig, out_dir, f"clip_vs_example_norms{suffix}"))
+    return paths
+
+
+def _positive(values: pd.Series) -> tuple[pd.Series, int]:
+    """The strictly positive, finite values (drawable on a log axis) and how many others were dropped."""
+    values = values.dropna().astype(float)
+    keep = np.isfinite(values) & (values > 0)
+    return values[keep], int((~keep).sum())
+
+
+def _example_norm_panel(ax, run: pd.Series, true: pd.DataFrame, private: pd.DataFrame | None,
+                        rounds: pd.DataFrame) -> None:
+    true_med, dropped_true = _positive(true.set_index("round")["example_norm_median_true"])
+    spread = true_med.groupby(level=0).agg(["min", "median", "max"]).sort_index()
+    ax.fill_between(spread.index, spread["min"], spread["max"], color="tab:blue", alpha=0.22, lw=0,
+                    label="true medians, min–max over clients")
+    ax.plot(spread.index, spread["median"], color="tab:blue", marker="o", ms=3,
+            label="true medians, median over clients" + (f" ({dropped_true} ≤ 0 not shown)" if dropped_true else ""))
+    if private is not None:
+        noised = private.groupby("round")["example_norm_median"].median().sort_index()
+        noised, dropped = _positive(noised)
+        if len(noised):
+            ax.plot(noised.index, noised.to_numpy(), color="tab:orange", ls="--", marker="x", ms=4,
+                    label="private (noised) medians, median over clients"
+                    + (f" ({dropped} round(s) ≤ 0 not shown)" if dropped else ""))
+    clip, dropped_clip = _positive(rounds.set_index("round")["clip_norm"].sort_index())
+    if len(clip):
+        ax.plot(clip.index, clip.to_numpy(), color="black", lw=1.8, marker="s", ms=3,
+                label="clip norm C$^{(t)}$" + (f" ({dropped_clip} ≤ 0 not shown)" if dropped_clip else ""))
+    ax.set_yscale("log")
+    ax.set_xlabel("round")
+    ax.set_ylabel("gradient norm (l2)")
+    seed = f", seed {int(run['seed'])}" if not pd.isna(run["seed"]) else ""
+    ax.set_title(f"{method_label(run['method'])} [{run['privacy']}]{seed}\n{run['run_id']}", fontsize=9)
+    ax.grid(alpha=0.3, which="both")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.legend(fontsize=7)

@@ -153,6 +153,10 @@ def _blocks(folder: str, results: Results, figures_dir: Path, out: Path) -> tupl
     figure(lambda: plots.plot_metrics_per_round(results, figures_dir),
            "Test accuracy and macro-F1 per round: mean over seeds, band ±1 std")
     figure(lambda: plots.plot_clip_norm(results, figures_dir), "Clip norm C^(t) per round (DP runs)")
+    figure(lambda: plots.plot_clip_vs_example_norms(results, figures_dir),
+           "Clip norm vs per-example gradient norms (one panel per run): C^(t) against the spread of the "
+           "clients' true (never uploaded) median per-example gradient norms; ADPC sets C^(t+1) from the "
+           "noised medians.")
     figure(lambda: plots.plot_robust_weights(results, figures_dir), "CRA robust weights per client and round")
     figure(lambda: plots.plot_epsilon_vs_accuracy(results, figures_dir), "ε spent vs test accuracy")
     figure(lambda: plots.plot_partition(results, figures_dir), "Training examples per client and class (one run)")

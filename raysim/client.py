@@ -11,9 +11,9 @@ import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from raysim.algorithms.registry import get_method
+from raysim.algorithms.uploads import UploadContext
 from raysim.config import Config
 from raysim.data import ArrayDataset, to_float_tensor
-from raysim.metrics import evaluate
 from raysim.models import build_model
 from raysim.privacy.grad_sample import make_engine, parametrised_layers
 from raysim.rng import np_generator
@@ -68,9 +68,10 @@ class ClientRunner:
         self.spec = get_method(cfg.method)
         self.info = train.info
         self.device = client_device(cfg)
-        self.model = model_for(cfg, train.info, self.spec.lldm).to(self.device)
+        self.model = model_for(cfg, train.info, self.spec.lldm(cfg)).to(self.device)
         self.layer_slices = layer_slices(self.model)
         self.engine = make_engine(cfg.privacy.engine)
+        self.uploads = self.spec.uploads(cfg)
         self.data: dict[int, tuple[torch.Tensor, ...]] = {}
         for c in clients:
             self.data[c.client_id] = to_device((
@@ -94,25 +95,24 @@ class ClientRunner:
         vector_to_parameters(payload.start_weights.clone(), model.parameters())
         hooks = self.spec.client(self.cfg, payload, task)
         stats = local_train(model, x, y, hooks, clipping=self.clipping, engine=self.engine,
-                            per_layer=self.spec.per_layer_clipping, seed=self.cfg.seed, client_id=task.client_id)
+                            per_layer=self.spec.per_layer_clipping, seed=self.cfg.seed, client_id=task.client_id,
+                            record_example_norms=any(u.needs_example_norms for u in self.uploads))
         params = list(model.parameters())
         new_state = hooks.finalize(params, stats.num_steps)
         with torch.no_grad():
             end = parameters_to_vector(params).detach().clone()
         delta = (end - payload.start_weights).cpu()
         new_state = to_device(new_state, torch.device("cpu"))
-        val_f1 = None
-        if self.spec.server.uses_val_f1:
-            val_f1 = evaluate(model, xv, yv, self.info.num_classes, self.cfg.eval_batch_size).f1 if len(yv) else 0.0
-            if self.cfg.cra.private_val_f1:
-                # Gaussian release of q_i (accounted in the ledger), clamped to [0, 1] (post-processing).
-                noise = np_generator(self.cfg.seed, "val-f1-noise", task.server_round, task.client_id).normal(
-                    0.0, self.cfg.cra.val_f1_noise_multiplier * self.cfg.cra.val_f1_sensitivity)
-                val_f1 = float(np.clip(val_f1 + noise, 0.0, 1.0))
-        per_layer = None
-        if self.spec.per_layer_clipping:
-            per_layer = [float(delta[a:b].norm()) for a, b in self.layer_slices]
+        seed, server_round, cid = self.cfg.seed, task.server_round, task.client_id
+        ctx = UploadContext(cfg=self.cfg, task=task, model=model, delta=delta, num_samples=len(y),
+                            num_steps=stats.num_steps, frac_clipped=stats.frac_clipped, val_x=xv, val_y=yv,
+                            num_classes=self.info.num_classes, layer_slices=self.layer_slices,
+                            example_norms=stats.example_norms,
+                            rng=lambda purpose: np_generator(seed, purpose, server_round, cid))
+        uploads, diagnostics = {}, {}
+        for u in self.uploads:
+            (diagnostics if u.release.kind == "diagnostic" else uploads)[u.name] = u.compute(ctx)
         return ClientResult(
             client_id=task.client_id, server_round=task.server_round, num_samples=len(y), num_steps=stats.num_steps,
-            delta=delta, train_loss=stats.train_loss, frac_clipped=stats.frac_clipped, val_f1=val_f1,
-            per_layer_norms=per_layer, client_state=new_state, seconds=time.perf_counter() - start)
+            delta=delta, train_loss=stats.train_loss, frac_clipped=stats.frac_clipped, uploads=uploads,
+            diagnostics=diagnostics, client_state=new_state, seconds=time.perf_counter() - start)

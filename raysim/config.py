@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -42,6 +41,8 @@ class DataConfig:
     shard_size_sigma: float = 1.0      # (R) log-normal quantity skew of the shards partitioner
     val_fraction: float = 0.1          # (R) local validation split for CRA's q_i
     test_subsample: int | None = None  # evaluate on a seeded subset of the test split (None = all)
+    server_holdout: int | None = None  # public server hold-out (training images removed before partitioning,
+                                       # owned by no client); None: 500 with cra.utility=server_val_f1, else 0
 
 
 @dataclass(frozen=True)
@@ -73,13 +74,33 @@ class LLDMConfig:
     keep_fraction: float = 0.5         # (R) top-k fraction κ of gradient entries kept
 
 
+ADPC_STATISTICS = ("example_norm_median", "update_norm", "update_norm_per_step", "update_norm_denoised")
+
+
+@dataclass(frozen=True)
+class FedDimDPConfig:
+    # The three components of FedDimDP as switches (all off = FedSA). Unset (null) means on, or the
+    # value of the method's preset (feddimdp-no-adpc sets adpc to false).
+    lldm: bool | None = None
+    adpc: bool | None = None
+    cra: bool | None = None
+
+    def on(self, component: str) -> bool:
+        value = getattr(self, component)
+        return True if value is None else bool(value)
+
+
 @dataclass(frozen=True)
 class ADPCConfig:
     c0: float = 1.0                    # (R) C^(0)
     c_min: float = 0.1                 # (R) floor
-    norm_unit: str = "per_step"        # (R) per_step | raw
     smoothing: float = 1.0             # (R) γ, 1 = no smoothing
-    denoise: bool = True               # (R) subtract the known DP noise energy before the median
+    statistic: str = "example_norm_median"  # (R) S^(t): example_norm_median | update_norm | update_norm_per_step | update_norm_denoised
+    quantile: float = 0.5              # (R) quantile of each client's per-example norms (0.5: the paper's "median")
+    histogram_bins: int = 48           # (R) log-spaced bins on [histogram_min, histogram_max], plus under/overflow
+    histogram_min: float = 1e-3
+    histogram_max: float = 1e3
+    histogram_noise_multiplier: float = 25.0  # (R) σ_h of the per-round histogram release (sensitivity 1); see docs/methods.md
 
 
 @dataclass(frozen=True)
@@ -89,6 +110,7 @@ class CRAConfig:
     eta_p: float = 0.05                # (R) projected step size
     weight_by_samples: bool = True     # (R) α_i ∝ n_i r_i (False: ∝ r_i)
     eta_g: float = 1.0                 # global step
+    utility: str = "local_val_f1"      # (R) q_i: local_val_f1 (client's own val split) | server_val_f1 (public hold-out)
     private_val_f1: bool = False       # noise q_i and account it in the same ledger
     val_f1_noise_multiplier: float = 20.0  # σ of the q_i release: noise std = σ · sensitivity
     val_f1_sensitivity: float = 1.0    # macro-F1 ∈ [0, 1]; 1 is the safe worst-case bound
@@ -144,6 +166,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    feddimdp: FedDimDPConfig = field(default_factory=FedDimDPConfig)
     lldm: LLDMConfig = field(default_factory=LLDMConfig)
     adpc: ADPCConfig = field(default_factory=ADPCConfig)
     cra: CRAConfig = field(default_factory=CRAConfig)
@@ -260,7 +283,23 @@ def validate(cfg: Config) -> Config:
         _fail("runtime.gpu_memory_fraction", f"must be in (0, 1], got {r.gpu_memory_fraction}")
     if r.torch_threads < 1:
         _fail("runtime.torch_threads", f"must be >= 1, got {r.torch_threads}")
-    _choice("adpc.norm_unit", cfg.adpc.norm_unit, ("per_step", "raw"))
+    _choice("adpc.statistic", cfg.adpc.statistic, ADPC_STATISTICS)
+    if not 0 < cfg.adpc.quantile < 1:
+        _fail("adpc.quantile", f"must be in (0, 1), got {cfg.adpc.quantile}")
+    if cfg.adpc.histogram_bins < 1:
+        _fail("adpc.histogram_bins", f"must be >= 1, got {cfg.adpc.histogram_bins}")
+    if not 0 < cfg.adpc.histogram_min < cfg.adpc.histogram_max:
+        _fail("adpc.histogram_min", f"need 0 < adpc.histogram_min < adpc.histogram_max, got "
+                                    f"{cfg.adpc.histogram_min}, {cfg.adpc.histogram_max}")
+    if not cfg.adpc.histogram_noise_multiplier > 0:
+        _fail("adpc.histogram_noise_multiplier", f"must be > 0 (the histogram is a private release), "
+                                                 f"got {cfg.adpc.histogram_noise_multiplier}")
+    _choice("cra.utility", cfg.cra.utility, ("local_val_f1", "server_val_f1"))
+    if d.server_holdout is not None and d.server_holdout < 0:
+        _fail("data.server_holdout", f"must be >= 0, got {d.server_holdout}")
+    if cfg.cra.utility == "server_val_f1" and d.server_holdout == 0:
+        _fail("data.server_holdout", "cra.utility=server_val_f1 scores uploads on the public server hold-out; "
+                                     "set data.server_holdout > 0 (e.g. 500) or leave it unset")
     if not 0 < cfg.adpc.smoothing <= 1:
         _fail("adpc.smoothing", f"must be in (0, 1], got {cfg.adpc.smoothing}")
     if not 0 < cfg.adpc.c_min <= cfg.adpc.c0:
@@ -363,5 +402,8 @@ def config_hash(cfg: Config) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def is_finite(x: float | None) -> bool:
-    return x is not None and math.isfinite(x)
+def server_holdout_size(cfg: Config) -> int:
+    """Training images removed before partitioning for the public server hold-out (``data.server_holdout``)."""
+    if cfg.data.server_holdout is not None:
+        return int(cfg.data.server_holdout)
+    return 500 if cfg.cra.utility == "server_val_f1" else 0

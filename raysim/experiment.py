@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from raysim.algorithms.registry import get_method
+from raysim.algorithms.registry import get_method, resolve_preset
 from raysim.config import Config, ConfigError, config_hash, config_to_dict
 from raysim.data import DATASETS, load_dataset
 from raysim.results import ResultsSink
@@ -44,8 +44,8 @@ def code_version() -> str:
 
 
 def check_config(cfg: Config) -> None:
-    """Registry checks (method, dataset) that config validation cannot do by itself."""
-    get_method(cfg.method)
+    """Registry checks (method and its preset, dataset) that config validation cannot do by itself."""
+    resolve_preset(cfg)
     if cfg.data.name not in DATASETS:
         raise ConfigError(f"config key 'data.name': unknown dataset {cfg.data.name!r}; choose one of {', '.join(sorted(DATASETS))}")
 
@@ -98,6 +98,7 @@ def run_experiment(cfg: Config, results_dir: str, *, sweep_id: str | None = None
 
     ``data`` is the (train, test) pair from :func:`prepare`, which is called here when omitted.
     """
+    cfg = resolve_preset(cfg)
     train, test = data if data is not None else prepare(cfg)
     sink = ResultsSink(results_dir)
     run_id = run_id_for(cfg)

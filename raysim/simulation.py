@@ -7,6 +7,7 @@ whoever drives it (the CLI in-process, or the driver actor on Ray) writes the re
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -18,9 +19,9 @@ import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from raysim.algorithms.base import MethodContext
-from raysim.algorithms.registry import get_method
+from raysim.algorithms.registry import get_method, resolve_preset
 from raysim.client import layer_slices, model_for
-from raysim.config import Config, ConfigError
+from raysim.config import Config, ConfigError, server_holdout_size
 from raysim.data import ArrayDataset, partition, partition_stats, to_float_tensor, train_val_split
 from raysim.metrics import evaluate
 from raysim.models import count_parameters, init_parameters
@@ -62,16 +63,33 @@ class RoundRecord:
     client_rows: list[dict[str, Any]] = field(default_factory=list)
 
 
+def server_holdout(cfg: Config, num_train: int) -> tuple[np.ndarray, np.ndarray]:
+    """(public server hold-out, the rest) as sorted indices into the train split (``data.server_holdout``).
+
+    The hold-out is drawn from the stream ``(seed, "server-holdout")`` before partitioning and belongs
+    to no client; without one the rest is every index, so partitions are unchanged."""
+    size = server_holdout_size(cfg)
+    if size == 0:
+        return np.zeros(0, dtype=np.int64), np.arange(num_train)
+    if size >= num_train:
+        raise ConfigError(f"data.server_holdout={size} leaves no training data ({num_train} images)")
+    held = np.sort(np_generator(cfg.seed, "server-holdout").choice(num_train, size, replace=False))
+    return held, np.setdiff1d(np.arange(num_train), held)
+
+
 def make_partition(cfg: Config, labels: np.ndarray) -> list[ClientData]:
-    """Seeded partition of the train labels into clients, each with a local validation split."""
+    """Seeded partition of the train labels (less the server hold-out) into clients, each with a local
+    validation split."""
     d = cfg.data
-    if cfg.num_clients > len(labels):
-        raise ConfigError(f"num_clients={cfg.num_clients} is more than the {len(labels)} training samples of {d.name}")
-    parts = partition(labels, cfg.num_clients, d.partition, np_generator(cfg.seed, "partition"), alpha=d.alpha,
+    _, pool = server_holdout(cfg, len(labels))
+    if cfg.num_clients > len(pool):
+        raise ConfigError(f"num_clients={cfg.num_clients} is more than the {len(pool)} training samples of {d.name}")
+    parts = partition(labels[pool], cfg.num_clients, d.partition, np_generator(cfg.seed, "partition"), alpha=d.alpha,
                       min_samples_per_client=d.min_samples_per_client, shards_per_client=d.shards_per_client,
                       shard_size_sigma=d.shard_size_sigma)
     clients = []
-    for cid, idx in enumerate(parts):
+    for cid, local in enumerate(parts):
+        idx = pool[np.asarray(local, dtype=np.int64)]
         tr, va = train_val_split(idx, d.val_fraction, np_generator(cfg.seed, "val-split", 0, cid))
         if len(tr) == 0:
             raise ConfigError(f"client {cid} has no training samples after the validation split; "
@@ -87,6 +105,7 @@ class Simulation:
                  train_handle: Any = None) -> None:
         start = time.perf_counter()
         torch.set_num_threads(cfg.runtime.torch_threads)
+        cfg = resolve_preset(cfg)
         self.cfg = cfg
         self.spec = get_method(cfg.method)
         self.clipping = resolve_clipping(self.spec, cfg)
@@ -101,7 +120,7 @@ class Simulation:
         self.factor = accounting_factor(self.clipping, self.spec.client.releases_for(cfg)) if self.clipping != "none" else 0.0
         self.channels = side_channels(self.spec, cfg)
         self.ledgers = [PrivacyLedger(cfg.privacy.delta, cfg.privacy.accountant) for _ in self.clients]
-        self.model = model_for(cfg, train.info, self.spec.lldm)
+        self.model = model_for(cfg, train.info, self.spec.lldm(cfg))
         init_parameters(self.model, torch_generator(cfg.seed, "model-init"))
         self.info = test.info
         self.test_x = to_float_tensor(test.x, test.info)
@@ -111,13 +130,27 @@ class Simulation:
             self.test_x, self.test_y = self.test_x[keep], self.test_y[keep]
         with torch.no_grad():
             self.weights = parameters_to_vector(self.model.parameters()).detach().clone()
-        ctx = MethodContext(cfg, self.clipping, int(self.weights.numel()), layer_slices(self.model), n, self.steps, self.sigmas)
+        held, _ = server_holdout(cfg, len(train.y))
+        holdout_f1 = self._holdout_scorer(train, held) if len(held) else None
+        ctx = MethodContext(cfg, self.clipping, int(self.weights.numel()), layer_slices(self.model), n, self.steps,
+                            self.sigmas, holdout_f1)
         self.server = self.spec.server(ctx)
         self.client_states: dict[int, Any] = {}
         executor.start(cfg, self.clipping, train if train_handle is None else train_handle, self.clients)
         self.setup = SetupRecord(pd.concat(stats, ignore_index=True), count_parameters(self.model), self.clipping,
                                  [float(s) for s in self.sigmas], not_covered(self.spec, cfg, self.clipping),
                                  time.perf_counter() - start)
+
+    def _holdout_scorer(self, train: ArrayDataset, held: np.ndarray):
+        """macro-F1 of flat weights on the public hold-out (post-processing of DP outputs on public data)."""
+        x = to_float_tensor(train.x[held], train.info)
+        y = torch.from_numpy(train.y[held].astype(np.int64))
+        scratch = model_for(self.cfg, train.info, self.spec.lldm(self.cfg))
+
+        def score(weights: torch.Tensor) -> float:
+            vector_to_parameters(weights.detach().clone(), scratch.parameters())
+            return evaluate(scratch, x, y, train.info.num_classes, self.cfg.eval_batch_size).f1
+        return score
 
     def run(self) -> Iterator[RoundRecord]:
         for t in range(1, self.cfg.rounds + 1):
@@ -138,7 +171,8 @@ class Simulation:
                                    f"(clip norm {tasks[0].clip_norm})")
         for r in results:
             self.client_states[r.client_id] = r.client_state
-        agg = self.server.aggregate(t, self.weights, results)
+        # Diagnostics are logged, never shown to the server.
+        agg = self.server.aggregate(t, self.weights, [dataclasses.replace(r, diagnostics={}) for r in results])
         self.weights = agg.global_weights
         t2 = time.perf_counter()
         for task, ledger in zip(tasks, self.ledgers):
@@ -166,10 +200,8 @@ class Simulation:
             row = {"round": t, "client_id": r.client_id, "num_samples": r.num_samples, "num_steps": r.num_steps,
                    "train_loss": r.train_loss, "update_norm": float(r.delta.norm()), "frac_clipped": r.frac_clipped,
                    "clip_norm": clip_total, "noise_multiplier": task.noise_multiplier, "epsilon": float(e),
-                   "val_f1": r.val_f1, "client_seconds": r.seconds}
+                   "client_seconds": r.seconds, **r.diagnostics}
             row.update(logs)
             client_rows.append(row)
         return RoundRecord(t, round_row, client_rows)
 
-    def final_weights(self) -> torch.Tensor:
-        return self.weights

@@ -37,10 +37,14 @@ class LocalStats:
     num_steps: int
     train_loss: float
     frac_clipped: float
+    #: per DP release: (indices of the batch into the local training set, pre-clipping per-example norms);
+    #: None unless asked for (``record_example_norms``) in ``per_sample`` mode. Raw private data.
+    example_norms: list[tuple[np.ndarray, np.ndarray]] | None = None
 
 
 def local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, hooks: ClientHooks, *, clipping: str,
-                engine: GradSampleEngine, per_layer: bool, seed: int, client_id: int) -> LocalStats:
+                engine: GradSampleEngine, per_layer: bool, seed: int, client_id: int,
+                record_example_norms: bool = False) -> LocalStats:
     """Run E local epochs of (DP-)SGD on (x, y) in place on ``model``.
 
     Random streams: batches from ``(seed, "batches", round, client)``, noise from
@@ -55,6 +59,7 @@ def local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, hooks: Clien
     expected_batch = q * n
     per_epoch = steps_per_epoch(n, batch_size)
     losses, clipped, seen, step = [], 0, 0, 0
+    norms_log: list[tuple[np.ndarray, np.ndarray]] | None = [] if record_example_norms and clipping == "per_sample" else None
     for _epoch in range(cfg.local_epochs):
         order = batch_rng.permutation(n) if clipping == "none" else None
         for k in range(per_epoch):
@@ -68,9 +73,12 @@ def local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, hooks: Clien
             def compute(xb=xb, yb=yb, step=step):
                 gen = torch_generator(seed, "dp-noise", task.server_round, client_id, step, next(release),
                                       device=x.device)
-                return privatize(model, xb, yb, mode=clipping, clip_norm=task.clip_norm,
-                                 noise_multiplier=task.noise_multiplier, expected_batch_size=expected_batch,
-                                 generator=gen, engine=engine, per_layer=per_layer)
+                out = privatize(model, xb, yb, mode=clipping, clip_norm=task.clip_norm,
+                                noise_multiplier=task.noise_multiplier, expected_batch_size=expected_batch,
+                                generator=gen, engine=engine, per_layer=per_layer)
+                if norms_log is not None and out.per_example_norms is not None:
+                    norms_log.append((idx, out.per_example_norms.detach().cpu().double().numpy()))
+                return out
 
             private = hooks.private_gradient(params, compute)
             extra = hooks.extra_gradient(params)
@@ -85,4 +93,4 @@ def local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, hooks: Clien
             step += 1
     total = sum(c for _, c in losses)
     train_loss = sum(l * c for l, c in losses) / total if total else float("nan")
-    return LocalStats(step, float(train_loss), clipped / seen if seen else 0.0)
+    return LocalStats(step, float(train_loss), clipped / seen if seen else 0.0, norms_log)

@@ -50,8 +50,7 @@ class ClientResult:
     delta: torch.Tensor               # Δw_i = w_end − w_start (flat)
     train_loss: float
     frac_clipped: float
-    val_f1: float | None = None       # macro-F1 of the local model on the local validation split (CRA)
-    per_layer_norms: list[float] | None = None  # per-layer ‖Δw_i,k‖ (AWDP-FL server statistics)
+    uploads: dict[str, Any] = field(default_factory=dict)      # the method's declared uploads, by name
+    diagnostics: dict[str, float] = field(default_factory=dict)  # logged only; stripped before the server sees it
     client_state: dict[str, Any] | None = None
-    extra: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0

@@ -25,7 +25,17 @@ from raysim.algorithms.base import Aggregate, MethodContext, MethodSpec, Server
 from raysim.algorithms.cra_math import ema
 from raysim.algorithms.registry import register
 from raysim.algorithms.server_math import awdp_layer_weights
+from raysim.algorithms.uploads import Release, Upload, UploadContext
+from raysim.config import Config
 from raysim.types import ClientResult
+
+
+def _per_layer_norms(ctx: UploadContext) -> list[float]:
+    return [float(ctx.delta[a:b].norm()) for a, b in ctx.layer_slices]
+
+
+def awdp_uploads(cfg: Config) -> tuple[Upload, ...]:
+    return (Upload("per_layer_norms", "per-layer norms of Δw_i", _per_layer_norms, Release("post_processing")),)
 
 
 class AWDPServer(Server):
@@ -42,7 +52,7 @@ class AWDPServer(Server):
     def aggregate(self, server_round: int, global_weights: torch.Tensor, results: Sequence[ClientResult]) -> Aggregate:
         used = json.dumps([round(c, 8) for c in self.clip_norm(server_round)])
         agg = super().aggregate(server_round, global_weights, results)
-        norms = np.array([r.per_layer_norms for r in results], dtype=np.float64)
+        norms = np.array([r.uploads["per_layer_norms"] for r in results], dtype=np.float64)
         if norms.ndim != 2 or norms.shape[1] != len(self.layer_weights):
             raise RuntimeError(f"expected {len(self.layer_weights)} per-layer norms per client, got shape {norms.shape}")
         self.norm_ema = ema(self.norm_ema, norms.mean(axis=0), self.cfg.awdp.beta)
@@ -55,4 +65,4 @@ class AWDPServer(Server):
 AWDP_FL = register(MethodSpec(
     name="awdp-fl", summary="AWDP-FL (R): per-layer thresholds C_k = C·w_k, Σw_k² = 1, w_k ∝ EMA of layer update norms",
     source="paper's AWDP-FL baseline ('adaptive privacy weighting'); reconstructed per SPEC §4",
-    server=AWDPServer, private=True, per_layer_clipping=True))
+    server=AWDPServer, private=True, per_layer_clipping=True, uploads=awdp_uploads))

@@ -18,6 +18,7 @@ from typing import Any, Callable, ClassVar, Sequence
 import numpy as np
 import torch
 
+from raysim.algorithms.uploads import Upload
 from raysim.config import Config
 from raysim.types import ClientResult, ClientTask, RoundPayload
 
@@ -33,6 +34,8 @@ class MethodContext:
     num_samples: np.ndarray            # n_i, local training-set sizes
     num_steps: np.ndarray              # τ_i, local steps per round
     noise_multipliers: np.ndarray      # σ_i (base, before any per-round schedule); 0 without DP
+    #: macro-F1 of flat weights on the public server hold-out (``data.server_holdout``), or None without one
+    holdout_f1: Callable[[torch.Tensor], float] | None = None
 
 
 @dataclass
@@ -54,8 +57,6 @@ def weighted_sum(deltas: Sequence[torch.Tensor], weights: Sequence[float]) -> to
 
 class Server:
     """Server strategy base: fixed clip norm, FedAvg weights n_i / Σ n_j, w ← w + Σ p_i Δ_i."""
-
-    uses_val_f1: ClassVar[bool] = False
 
     def __init__(self, ctx: MethodContext) -> None:
         self.ctx = ctx
@@ -125,9 +126,26 @@ class ClientHooks:
         return self.task.client_state
 
 
+def _no_uploads(cfg: Config) -> tuple[Upload, ...]:
+    return ()
+
+
+def _never(cfg: Config) -> bool:
+    return False
+
+
+def _accept(cfg: Config, clipping: str) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class MethodSpec:
-    """A registered method: its server and client parts and what it needs from the run."""
+    """A registered method: its server and client parts and what it needs from the run.
+
+    ``uploads(cfg)`` declares everything the clients upload besides Δw (and the diagnostics they log);
+    ledger, σ calibration and the not-covered list follow from it. ``preset`` makes this name a preset
+    of another method's switches (dotted config keys → values, e.g. FedDimDP's ablations).
+    """
 
     name: str
     summary: str
@@ -135,6 +153,9 @@ class MethodSpec:
     server: type[Server]
     client: type[ClientHooks] = ClientHooks
     private: bool = True               # a DP method: refuses privacy.clipping = none
-    lldm: bool = False                 # build the client model with FedDimDP's LLDM block
+    lldm: Callable[[Config], bool] = _never    # build the client model with FedDimDP's LLDM block
     per_layer_clipping: bool = False
-    options: dict[str, Any] = field(default_factory=dict)   # flags for ablations
+    uploads: Callable[[Config], tuple[Upload, ...]] = _no_uploads
+    validate: Callable[[Config, str], None] = _accept   # method-specific config checks (clipping resolved)
+    preset: dict[str, Any] = field(default_factory=dict)
+    preset_of: str | None = None       # the method whose switches ``preset`` sets

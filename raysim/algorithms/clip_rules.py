@@ -14,15 +14,14 @@ import math
 import numpy as np
 
 __all__ = [
-    "median", "adpc_next_clip", "update_norm_per_step", "denoise_update_norm",
+    "median", "adpc_next_clip", "histogram_edges", "example_norm_histogram", "histogram_quantile",
+    "weighted_quantile", "update_norm_per_step", "denoise_update_norm",
     "quantile_clip_update", "noised_fraction_below", "awdp_layer_weights",
 ]
 
 from raysim.algorithms.cra_math import _as_vector as _finite_vector  # one validation helper
 
 DENOISE_MODES = ("per_sample", "batch", "none")
-
-
 
 
 def median(values: np.ndarray) -> float:
@@ -46,8 +45,83 @@ def adpc_next_clip(update_norms: np.ndarray, clip_norm: float, *, c_min: float =
         raise ValueError(f"clip_norm and c_min must be > 0, got {clip_norm}, {c_min}")
     if not 0.0 < smoothing <= 1.0:
         raise ValueError(f"smoothing must be in (0, 1], got {smoothing}")
-    target = max(median(update_norms), c_min)
+    target = max(median(update_norms), c_min)   # update_norms: the S^(t) of the configured statistic
     return float((1.0 - smoothing) * clip_norm + smoothing * target)
+
+
+def histogram_edges(num_bins: int, lo: float, hi: float) -> np.ndarray:
+    """The ``num_bins + 1`` log-spaced edges of ADPC's norm histogram on [lo, hi] (fixed by config, never
+    by data). The histogram itself has ``num_bins + 2`` cells: underflow [0, lo), the bins, overflow [hi, ∞)."""
+    if num_bins < 1 or not 0.0 < lo < hi:
+        raise ValueError(f"need num_bins >= 1 and 0 < lo < hi, got {num_bins}, {lo}, {hi}")
+    return np.geomspace(lo, hi, num_bins + 1)
+
+
+def _appearance_weights(batches: list[tuple[np.ndarray, np.ndarray]], num_samples: int) -> tuple[np.ndarray, np.ndarray]:
+    """All (norm, weight) pairs of a round: an example seen k times weighs 1/k at each appearance."""
+    if not batches:
+        return np.zeros(0), np.zeros(0)
+    idx = np.concatenate([np.asarray(i, dtype=np.int64) for i, _ in batches])
+    norms = np.concatenate([np.asarray(n, dtype=np.float64) for _, n in batches])
+    if idx.shape != norms.shape:
+        raise ValueError("each batch needs one norm per index")
+    if idx.size and (idx.min() < 0 or idx.max() >= num_samples):
+        raise ValueError(f"indices must lie in [0, {num_samples})")
+    seen = np.bincount(idx, minlength=num_samples)
+    return norms, 1.0 / seen[idx]
+
+
+def example_norm_histogram(batches: list[tuple[np.ndarray, np.ndarray]], edges: np.ndarray,
+                           num_samples: int) -> np.ndarray:
+    """ADPC's per-client histogram of pre-clipping per-example gradient norms (SPEC §3), *before* noise.
+
+    ``batches`` holds, per DP release of the round, the batch's indices into the client's training set
+    and their norms. An example that appears k times in the round adds 1/k at each appearance, so it
+    contributes total mass ≤ 1 spread over at most k cells: adding or removing one example changes the
+    histogram by at most 1 in L1, hence in L2 (sensitivity 1, whatever the batches of the others).
+    Cells: underflow [0, edges[0]), the len(edges) − 1 bins (a norm equal to an inner edge goes to the
+    upper bin), overflow [edges[-1], ∞).
+    """
+    norms, weights = _appearance_weights(batches, num_samples)
+    cells = np.searchsorted(edges, norms, side="right")   # 0: underflow, len(edges): overflow
+    return np.bincount(cells, weights=weights, minlength=len(edges) + 1).astype(np.float64)
+
+
+def histogram_quantile(counts: np.ndarray, edges: np.ndarray, quantile: float) -> float:
+    """The ``quantile`` of a (noisy) ADPC histogram: negative cells clamped to 0, cumulative sum,
+    log-linear interpolation inside the bin (SPEC §3). A quantile in the underflow cell reads as
+    ``edges[0]``, in the overflow cell as ``edges[-1]``; an all-zero histogram gives NaN (no information)."""
+    c = np.clip(np.asarray(counts, dtype=np.float64), 0.0, None)
+    if c.shape != (len(edges) + 1,):
+        raise ValueError(f"expected {len(edges) + 1} cells, got {c.shape}")
+    if not 0.0 < quantile < 1.0:
+        raise ValueError(f"quantile must be in (0, 1), got {quantile}")
+    total = float(c.sum())
+    if total <= 0.0:
+        return float("nan")
+    target = quantile * total
+    cum = np.cumsum(c)
+    cell = int(np.searchsorted(cum, target, side="left"))
+    if cell == 0:
+        return float(edges[0])
+    if cell >= len(edges):
+        return float(edges[-1])
+    before = cum[cell - 1]
+    frac = (target - before) / c[cell] if c[cell] > 0 else 0.0
+    lo, hi = math.log(edges[cell - 1]), math.log(edges[cell])
+    return float(math.exp(lo + frac * (hi - lo)))
+
+
+def weighted_quantile(batches: list[tuple[np.ndarray, np.ndarray]], num_samples: int, quantile: float) -> float:
+    """The exact ``quantile`` of a round's per-example norms with the histogram's 1/k weights (the
+    true value the private histogram estimates; a simulation diagnostic, never uploaded). NaN if empty."""
+    norms, weights = _appearance_weights(batches, num_samples)
+    if norms.size == 0:
+        return float("nan")
+    order = np.argsort(norms, kind="stable")
+    cum = np.cumsum(weights[order])
+    pos = int(np.searchsorted(cum, quantile * cum[-1], side="left"))
+    return float(norms[order][min(pos, norms.size - 1)])
 
 
 def update_norm_per_step(delta_norm: float, lr: float, num_steps: int) -> float:

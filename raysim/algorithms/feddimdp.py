@@ -1,103 +1,190 @@
 """FedDimDP (SPEC §3): LLDM client model + ADPC adaptive clipping + CRA robust aggregation.
 
-The three components are independent switches of one server class, so each ablation removes
-exactly its component:
+The three components are switches of the one method, ``feddimdp.lldm``, ``feddimdp.adpc`` and
+``feddimdp.cra`` (all true by default); with all three off the method is FedSA (DP-SGD at a fixed C,
+FedAvg weights), bit for bit. The paper's ablation names are presets of the switches:
+``feddimdp-no-lldm``, ``feddimdp-no-adpc``, ``feddimdp-no-cra``.
 
-* ``feddimdp-no-lldm`` builds the plain backbone (``MethodSpec.lldm = False``);
-* ``feddimdp-no-adpc`` keeps C fixed at ``adpc.c0``;
-* ``feddimdp-no-cra`` aggregates with FedAvg weights n_i / Σ n_j (and uploads no q_i).
-
-Privacy: clients clip with C^(t) and add N(0, σ²C^(t)²) (DP-SGD, accounted). ADPC's next C is
-computed from the uploaded Δw_i, which are DP outputs, so it is post-processing. CRA's q_i is
-computed from local validation data outside DP-SGD; it is recorded in the run as not covered by
-ε unless ``cra.private_val_f1`` noises it (that cost is then composed into the same ledger).
+* LLDM: the client model gets the 1x1 channel reduction and the top-k gradient sparsifier.
+* ADPC: C^(t+1) = max(median_i S_i^(t), C_min), optionally smoothed. The default statistic (R)
+  ``example_norm_median`` is each client's quantile of its pre-clipping per-example gradient norms,
+  read from a histogram that the client noises itself (a Gaussian release of sensitivity 1 per round,
+  composed into its ledger). The literal update-norm statistics are kept as options; they are
+  post-processing of Δw_i and degenerate (docs/methods.md). Off: C = ``privacy.clip_norm`` fixed.
+* CRA: reliability-weighted aggregation with one projected step onto the capped simplex. Its utility
+  signal q_i (R, ``cra.utility``) is the local validation macro-F1 (uploaded; not covered by ε unless
+  ``cra.private_val_f1``) or the macro-F1 of w + Δw_i on the public server hold-out (post-processing).
+  Off: FedAvg weights n_i / Σ n_j.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 
 from raysim.algorithms.base import Aggregate, MethodContext, MethodSpec, Server, weighted_sum
-from raysim.algorithms.clip_rules import adpc_next_clip, denoise_update_norm, update_norm_per_step
+from raysim.algorithms.clip_rules import (
+    adpc_next_clip, denoise_update_norm, example_norm_histogram, histogram_edges, histogram_quantile,
+    update_norm_per_step, weighted_quantile,
+)
 from raysim.algorithms.cra_math import cra_weights
 from raysim.algorithms.registry import register
+from raysim.algorithms.uploads import Release, Upload, UploadContext
+from raysim.config import Config, ConfigError
+from raysim.metrics import evaluate
 from raysim.types import ClientResult
 
 
-class FedDimDPServer(Server):
-    use_adpc: ClassVar[bool] = True
-    use_cra: ClassVar[bool] = True
-    uses_val_f1: ClassVar[bool] = True   # q_i is uploaded only when CRA is on
+def adpc_edges(cfg: Config) -> np.ndarray:
+    a = cfg.adpc
+    return histogram_edges(a.histogram_bins, a.histogram_min, a.histogram_max)
 
+
+def _noisy_norm_histogram(ctx: UploadContext) -> np.ndarray:
+    """The client's release: its round's norm histogram plus N(0, σ_h²) in every cell, noised here,
+    from the client's own stream ``(seed, "adpc-histogram-noise", round, client)``, before upload."""
+    counts = example_norm_histogram(ctx.example_norms or [], adpc_edges(ctx.cfg), ctx.num_samples)
+    noise = ctx.rng("adpc-histogram-noise").normal(0.0, ctx.cfg.adpc.histogram_noise_multiplier, counts.shape)
+    return counts + noise
+
+
+def _true_example_norm_quantile(ctx: UploadContext) -> float:
+    return weighted_quantile(ctx.example_norms or [], ctx.num_samples, ctx.cfg.adpc.quantile)
+
+
+def _local_val_f1(ctx: UploadContext) -> float:
+    """q_i: macro-F1 of the trained local model on the client's validation split; with
+    ``cra.private_val_f1`` plus N(0, (σ·sensitivity)²) from the client's own stream, clamped to [0, 1]."""
+    cfg = ctx.cfg
+    q = evaluate(ctx.model, ctx.val_x, ctx.val_y, ctx.num_classes, cfg.eval_batch_size).f1 if len(ctx.val_y) else 0.0
+    if cfg.cra.private_val_f1:
+        q += ctx.rng("val-f1-noise").normal(0.0, cfg.cra.val_f1_noise_multiplier * cfg.cra.val_f1_sensitivity)
+        q = float(np.clip(q, 0.0, 1.0))
+    return float(q)
+
+
+def feddimdp_uploads(cfg: Config) -> tuple[Upload, ...]:
+    sw, out = cfg.feddimdp, []
+    if sw.on("adpc") and cfg.adpc.statistic == "example_norm_median":
+        out.append(Upload("norm_histogram", "ADPC's histogram of per-example gradient norms", _noisy_norm_histogram,
+                          Release("gaussian", cfg.adpc.histogram_noise_multiplier), ("example_norm_median",),
+                          needs_example_norms=True))
+        out.append(Upload("example_norm_median_true", "true quantile of the round's per-example gradient norms",
+                          _true_example_norm_quantile, Release("diagnostic"), ("example_norm_median_true",),
+                          needs_example_norms=True))
+    if sw.on("cra") and cfg.cra.utility == "local_val_f1":
+        release = (Release("gaussian", cfg.cra.val_f1_noise_multiplier) if cfg.cra.private_val_f1
+                   else Release("not_covered"))
+        out.append(Upload("val_f1", "q_i, CRA's macro-F1 on the local validation split", _local_val_f1, release, ("val_f1",)))
+    return tuple(out)
+
+
+def feddimdp_validate(cfg: Config, clipping: str) -> None:
+    if cfg.feddimdp.on("adpc") and cfg.adpc.statistic == "example_norm_median" and clipping == "batch":
+        raise ConfigError("config key 'adpc.statistic': example_norm_median needs per-example gradient norms, which "
+                          "privacy.clipping=batch does not compute; use privacy.clipping=per_sample, "
+                          "adpc.statistic=update_norm|update_norm_per_step|update_norm_denoised, or feddimdp.adpc=false")
+
+
+class FedDimDPServer(Server):
     def __init__(self, ctx: MethodContext) -> None:
         super().__init__(ctx)
-        self.current_clip = float(self.cfg.adpc.c0)
+        sw = self.cfg.feddimdp
+        self.use_adpc, self.use_cra = sw.on("adpc"), sw.on("cra")
+        # ADPC starts at C^(0); without ADPC, C is fixed at privacy.clip_norm like every fixed-clip method.
+        self.current_clip = float(self.cfg.adpc.c0 if self.use_adpc else self.cfg.privacy.clip_norm)
         self.val_f1_ema: np.ndarray | None = None
         self.update_norm_ema: np.ndarray | None = None
 
     def clip_norm(self, server_round: int) -> float:
         return self.current_clip
 
-    def update_norms(self, results: Sequence[ClientResult]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(s_i in the configured unit, ‖Δw_i‖ raw, ŝ_i denoised in the same unit)."""
+    def utility(self, global_weights: torch.Tensor, results: Sequence[ClientResult]) -> np.ndarray:
+        """CRA's q_i (``cra.utility``, R)."""
+        if self.cfg.cra.utility == "server_val_f1":
+            if self.ctx.holdout_f1 is None:
+                raise RuntimeError("cra.utility=server_val_f1 needs the server hold-out (data.server_holdout > 0)")
+            return np.array([self.ctx.holdout_f1(global_weights + r.delta) for r in results], dtype=np.float64)
+        return np.array([r.uploads["val_f1"] for r in results], dtype=np.float64)
+
+    def adpc_statistic(self, results: Sequence[ClientResult], raw: np.ndarray, per_step: np.ndarray,
+                       logs: list[dict[str, float]]) -> np.ndarray:
+        """S^(t) of ``adpc.statistic`` (R), one value per client in C's units (NaN: no information)."""
         cfg, ctx = self.cfg, self.ctx
-        raw = np.array([float(r.delta.norm()) for r in results])
-        s, s_hat = np.empty_like(raw), np.empty_like(raw)
-        for i, r in enumerate(results):
-            per_step = update_norm_per_step(raw[i], cfg.lr, r.num_steps)
-            expected_batch = min(cfg.batch_size, r.num_samples)
-            clean = denoise_update_norm(per_step, num_params=ctx.num_params,
-                                        noise_multiplier=self.noise_multiplier(r.client_id, r.server_round),
-                                        clip_norm=self.current_clip, expected_batch_size=expected_batch,
-                                        num_steps=r.num_steps, mode=ctx.clipping)
-            scale = 1.0 if cfg.adpc.norm_unit == "per_step" else cfg.lr * r.num_steps
-            s[i], s_hat[i] = per_step * scale, clean * scale
-        return s, raw, s_hat
+        stat = cfg.adpc.statistic
+        if stat == "example_norm_median":
+            edges = adpc_edges(cfg)
+            values = np.array([histogram_quantile(r.uploads["norm_histogram"], edges, cfg.adpc.quantile) for r in results])
+            for row, v in zip(logs, values):
+                row["example_norm_median"] = float(v)
+            return values
+        if stat == "update_norm":
+            return raw
+        if stat == "update_norm_per_step":
+            return per_step
+        values = np.array([
+            denoise_update_norm(per_step[i], num_params=ctx.num_params,
+                                noise_multiplier=self.noise_multiplier(r.client_id, r.server_round),
+                                clip_norm=self.current_clip, expected_batch_size=min(cfg.batch_size, r.num_samples),
+                                num_steps=r.num_steps, mode=ctx.clipping)
+            for i, r in enumerate(results)])
+        for row, v in zip(logs, values):
+            row["update_norm_denoised"] = float(v)
+        return values
 
     def aggregate(self, server_round: int, global_weights: torch.Tensor, results: Sequence[ClientResult]) -> Aggregate:
         cfg = self.cfg
-        s, raw, s_hat = self.update_norms(results)
-        logs: list[dict[str, float]] = [
-            {"update_norm": float(a), "update_norm_raw": float(b), "update_norm_denoised": float(c)}
-            for a, b, c in zip(s, raw, s_hat)]
+        raw = np.array([float(r.delta.norm()) for r in results])
+        per_step = np.array([update_norm_per_step(raw[i], cfg.lr, r.num_steps) for i, r in enumerate(results)])
+        logs: list[dict[str, float]] = [{} for _ in results]
         if self.use_cra:
             deltas = torch.stack([r.delta for r in results]).numpy()
-            q = np.array([r.val_f1 for r in results], dtype=np.float64)
+            q = self.utility(global_weights, results)
             n = np.array([r.num_samples for r in results], dtype=np.float64)
-            res = cra_weights(deltas, q, s, n, self.val_f1_ema, self.update_norm_ema, beta=cfg.cra.beta,
+            res = cra_weights(deltas, q, per_step, n, self.val_f1_ema, self.update_norm_ema, beta=cfg.cra.beta,
                               rho=cfg.cra.rho, eta_p=cfg.cra.eta_p, weight_by_samples=cfg.cra.weight_by_samples)
             self.val_f1_ema, self.update_norm_ema = res.val_f1_ema, res.update_norm_ema
             weights, step_size = res.robust_weight, cfg.cra.eta_g
             for i, row in enumerate(logs):
-                row.update(val_f1_ema=res.val_f1_ema[i], update_norm_ema=res.update_norm_ema[i],
-                           reliability=res.reliability[i], nominal_weight=res.nominal_weight[i],
-                           deviation=res.deviation[i], deviation_normalized=res.deviation_normalized[i],
-                           robust_weight=res.robust_weight[i])
+                row.update(val_f1=q[i], update_norm_per_step=per_step[i], val_f1_ema=res.val_f1_ema[i],
+                           update_norm_ema=res.update_norm_ema[i], reliability=res.reliability[i],
+                           nominal_weight=res.nominal_weight[i], deviation=res.deviation[i],
+                           deviation_normalized=res.deviation_normalized[i], robust_weight=res.robust_weight[i])
+            new_weights = global_weights + step_size * weighted_sum([r.delta for r in results], weights)
         else:
-            weights, step_size = self.sample_weights(results), 1.0
+            weights = self.sample_weights(results)
+            new_weights = global_weights + weighted_sum([r.delta for r in results], weights)
         for row, w in zip(logs, weights):
             row["aggregation_weight"] = float(w)
-        new_weights = global_weights + step_size * weighted_sum([r.delta for r in results], weights)
+        round_logs: dict[str, float] = {}
         if self.use_adpc:
-            used = s_hat if cfg.adpc.denoise else s
-            self.current_clip = adpc_next_clip(used, self.current_clip, c_min=cfg.adpc.c_min, smoothing=cfg.adpc.smoothing)
-        return Aggregate(new_weights, logs, {"next_clip_norm": self.current_clip})
+            values = self.adpc_statistic(results, raw, per_step, logs)
+            finite = values[np.isfinite(values)]
+            if finite.size:   # an all-empty round (every histogram noised to ≤ 0) keeps C
+                self.current_clip = adpc_next_clip(finite, self.current_clip, c_min=cfg.adpc.c_min,
+                                                   smoothing=cfg.adpc.smoothing)
+            round_logs["next_clip_norm"] = self.current_clip
+        return Aggregate(new_weights, logs, round_logs)
 
-
-class NoADPCServer(FedDimDPServer):
-    use_adpc = False
-
-
-class NoCRAServer(FedDimDPServer):
-    use_cra = False
-    uses_val_f1 = False
 
 _SOURCE = "FedDimDP, arXiv 2602.06838 (withdrawn); reconstructed per SPEC §3"
-register(MethodSpec("feddimdp", "FedDimDP: LLDM + ADPC adaptive clipping + CRA robust aggregation", _SOURCE,
-                    FedDimDPServer, lldm=True))
-register(MethodSpec("feddimdp-no-cra", "FedDimDP ablation w/o CRA (FedAvg weights)", _SOURCE, NoCRAServer, lldm=True))
-register(MethodSpec("feddimdp-no-adpc", "FedDimDP ablation w/o ADPC (fixed C = adpc.c0)", _SOURCE, NoADPCServer, lldm=True))
-register(MethodSpec("feddimdp-no-lldm", "FedDimDP ablation w/o LLDM (plain backbone)", _SOURCE, FedDimDPServer, lldm=False))
+
+
+def _uses_lldm(cfg: Config) -> bool:
+    return cfg.feddimdp.on("lldm")
+
+
+def _feddimdp(name: str, summary: str, preset: dict[str, bool]) -> MethodSpec:
+    return register(MethodSpec(name, summary, _SOURCE, FedDimDPServer, lldm=_uses_lldm, uploads=feddimdp_uploads,
+                               validate=feddimdp_validate, preset=preset, preset_of="feddimdp" if preset else None))
+
+
+_feddimdp("feddimdp", "FedDimDP: LLDM + ADPC adaptive clipping + CRA robust aggregation (switches feddimdp.*)", {})
+_feddimdp("feddimdp-no-cra", "FedDimDP ablation w/o CRA (FedAvg weights); preset feddimdp.cra=false",
+          {"feddimdp.cra": False})
+_feddimdp("feddimdp-no-adpc", "FedDimDP ablation w/o ADPC (fixed C = privacy.clip_norm); preset feddimdp.adpc=false",
+          {"feddimdp.adpc": False})
+_feddimdp("feddimdp-no-lldm", "FedDimDP ablation w/o LLDM (plain backbone); preset feddimdp.lldm=false",
+          {"feddimdp.lldm": False})

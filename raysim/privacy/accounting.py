@@ -229,6 +229,7 @@ def calibrate_noise_multiplier(
     *,
     tolerance: float = 1e-4,
     sigma_schedule: Sequence[float] | None = None,
+    extra_events: Sequence[StepEvent] = (),
 ) -> float:
     """Smallest noise multiplier sigma whose epsilon at ``delta`` is at most ``target_epsilon``.
 
@@ -237,7 +238,8 @@ def calibrate_noise_multiplier(
     decaying schedule ``gamma**t`` for DP-ACDN). The search is a bisection on ``compute_epsilon``
     itself with the same accountant, so ``compute_epsilon(events, delta, accountant) <=
     target_epsilon`` holds exactly for the returned sigma, and sigma / (1 + tolerance) exceeds it.
-    ``tolerance`` is relative.
+    ``tolerance`` is relative. ``extra_events`` (releases whose noise does not scale with sigma, e.g.
+    a method's noised side channels) are composed into every evaluation.
     """
     target = _as_float("target_epsilon", target_epsilon)
     if not (target > 0.0 and math.isfinite(target)):
@@ -269,11 +271,21 @@ def calibrate_noise_multiplier(
     if not any(count for _, count in shape):
         raise ValueError("events_shape has no steps: any sigma (even 0) gives epsilon 0")
 
-    def epsilon(sigma: float) -> float:
-        events = [StepEvent(q, sigma * m, n) for (q, n), m in zip(shape, multipliers)]
-        return compute_epsilon(events, delta, accountant)
+    fixed = list(extra_events)
 
-    return _smallest_feasible(epsilon, target, tol)
+    def events_for(sigma: float) -> list[StepEvent]:
+        return [StepEvent(q, sigma * m, n) for (q, n), m in zip(shape, multipliers)] + fixed
+
+    return calibrate(events_for, target, delta, accountant, tolerance=tol)
+
+
+def calibrate(events_for: Callable[[float], Sequence[StepEvent]], target_epsilon: float, delta: float,
+              accountant: str = "pld", *, tolerance: float = 1e-4) -> float:
+    """Smallest sigma whose run ``events_for(sigma)`` has epsilon ≤ ``target_epsilon`` at ``delta``
+    (after dp_accounting's ``mechanism_calibration``: one pure function from the parameter to the events).
+    epsilon must decrease in sigma; the returned sigma's epsilon was computed and found within target."""
+    return _smallest_feasible(lambda sigma: compute_epsilon(events_for(sigma), delta, accountant), target_epsilon,
+                              tolerance)
 
 
 def _smallest_feasible(epsilon: Callable[[float], float], target: float, tol: float) -> float:

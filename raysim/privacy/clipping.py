@@ -59,6 +59,8 @@ class PrivateGrad:
     per_layer_norm_mean: list[float]
     """per_sample: mean over examples of the per-example, per-layer gradient norms; batch/none:
     per-layer norms of the (unclipped) batch-mean gradient. One value per parametrised layer."""
+    per_example_norms: torch.Tensor | None = None
+    """per_sample: (B,) pre-clipping per-example gradient norms (raw private data); None otherwise."""
 
 
 def accounting_noise_multiplier(mode: str, noise_multiplier: float) -> float:
@@ -148,7 +150,8 @@ def privatize(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, mode: str,
         per_layer_mean = res.per_layer_norms.mean(dim=0) if batch else res.per_layer_norms.new_zeros(len(groups))
         return PrivateGrad(grads=grads, loss_mean=res.loss_sum / batch if batch else 0.0, batch_size=batch,
                            num_clipped=res.num_clipped, frac_clipped=res.num_clipped / batch if batch else 0.0,
-                           per_layer_norm_mean=[float(v) for v in per_layer_mean])
+                           per_layer_norm_mean=[float(v) for v in per_layer_mean],
+                           per_example_norms=res.per_example_norms)
 
     grads, loss_mean = _mean_gradient(model, x, y)
     with torch.no_grad():

@@ -17,6 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from raysim.algorithms.base import MethodSpec
+from raysim.algorithms.uploads import gaussian_sigma_equivalent, gaussian_uploads, not_covered_text
 from raysim.config import Config, ConfigError
 from raysim.privacy.accounting import StepEvent, calibrate_noise_multiplier, compute_epsilon
 from raysim.privacy.clipping import accounting_noise_multiplier
@@ -40,6 +41,7 @@ def resolve_clipping(spec: MethodSpec, cfg: Config) -> str:
     if not dp_requested:
         raise ConfigError(f"method {spec.name!r} with privacy.clipping={mode} needs privacy.epsilon (target ε) "
                           f"or privacy.noise_multiplier (σ)")
+    spec.validate(cfg, mode)
     return mode
 
 
@@ -51,83 +53,57 @@ def accounting_factor(mode: str, releases_per_step: int) -> float:
 
 @dataclass(frozen=True)
 class SideChannel:
-    """A per-round release outside DP-SGD (its own fixed σ, sensitivity 1 after scaling)."""
+    """A per-round Gaussian release outside DP-SGD (its own fixed σ, sensitivity 1 after scaling)."""
 
     name: str
     noise_multiplier: float
     per_round: int = 1
 
 
-def _quantile_bits_private(spec: MethodSpec, cfg: Config) -> bool:
-    # Adaptive quantile clipping reads private data (per-example clip counts) unless its bits come
-    # from the uploaded Δw_i (quantile.norm_source = update), which is post-processing.
-    return spec.name == "dp-fedavg-adaptive" and cfg.quantile.norm_source == "per_example"
-
-
 def side_channels(spec: MethodSpec, cfg: Config) -> list[SideChannel]:
-    out = []
-    if spec.server.uses_val_f1 and cfg.cra.private_val_f1:
-        out.append(SideChannel("val_f1", cfg.cra.val_f1_noise_multiplier))
-    if _quantile_bits_private(spec, cfg) and cfg.quantile.noise_multiplier > 0:
-        out.append(SideChannel("clipped_count", cfg.quantile.noise_multiplier))
-    return out
+    """The Gaussian releases the method declares for its clients (``MethodSpec.uploads``)."""
+    return [SideChannel(u.name, u.release.noise_multiplier, u.release.per_round)
+            for u in gaussian_uploads(spec.uploads(cfg))]
 
 
 def not_covered(spec: MethodSpec, cfg: Config, clipping: str) -> str:
-    """Human-readable list of uploaded values computed from private data that ε does not cover."""
-    items = []
-    if clipping == "none":
-        return "everything (no DP)"
-    if spec.server.uses_val_f1 and not cfg.cra.private_val_f1:
-        items.append("val_f1 (q_i, CRA's local validation macro-F1, uploaded without noise)")
-    if _quantile_bits_private(spec, cfg) and cfg.quantile.noise_multiplier == 0:
-        items.append("clipped-count bits b_i of the adaptive quantile (quantile.noise_multiplier = 0)")
-    return "; ".join(items)
+    """Human-readable list of values computed from private data that ε does not cover."""
+    return not_covered_text(spec.uploads(cfg), clipping)
+
+
+def channels_event(channels: Sequence[SideChannel], rounds: int) -> StepEvent | None:
+    """All side-channel releases of ``rounds`` rounds as one exactly equivalent Gaussian event."""
+    if not channels:
+        return None
+    sigma = gaussian_sigma_equivalent([(c.noise_multiplier, c.per_round * rounds) for c in channels])
+    return StepEvent(1.0, sigma, 1)
 
 
 def round_events(q: float, steps: int, sigma: float, factor: float, channels: Sequence[SideChannel]) -> list[StepEvent]:
+    """One client's releases of one round: its DP-SGD steps and its side channels (merged)."""
     events = [StepEvent(q, sigma * factor, steps)]
-    events += [StepEvent(1.0, c.noise_multiplier, c.per_round) for c in channels]
-    return events
+    side = channels_event(channels, 1)
+    return events + ([side] if side is not None else [])
 
 
 def calibrate_sigma(cfg: Config, q: float, steps: int, schedule: np.ndarray, factor: float,
                     channels: Sequence[SideChannel]) -> float:
-    """Smallest σ such that the planned run of this client ends at ε ≤ target (through the accountant)."""
+    """Smallest σ such that the planned run of this client ends at ε ≤ target (through the accountant).
+
+    The side channels of all rounds are one Gaussian event (exact, :func:`channels_event`), and rounds
+    with the same relative σ are one self-composed event, so each evaluation composes at most a few events.
+    """
     p = cfg.privacy
-    assert p.epsilon is not None
-    if not channels:
-        if np.all(schedule == schedule[0]):   # one self-composed event is much faster to account
-            return calibrate_noise_multiplier(p.epsilon, p.delta, [(q, steps * len(schedule))], p.accountant,
-                                              sigma_schedule=[float(schedule[0] * factor)])
-        return calibrate_noise_multiplier(p.epsilon, p.delta, [(q, steps)] * len(schedule), p.accountant,
-                                          sigma_schedule=list(schedule * factor))
-    fixed = [StepEvent(1.0, c.noise_multiplier, c.per_round * len(schedule)) for c in channels]
-    if compute_epsilon(fixed, p.delta, p.accountant) >= p.epsilon:
+    if p.epsilon is None:
+        raise ValueError("calibration needs privacy.epsilon")
+    side = channels_event(channels, len(schedule))
+    fixed = [side] if side is not None else []
+    if fixed and compute_epsilon(fixed, p.delta, p.accountant) >= p.epsilon:
         raise ConfigError(f"the side channels alone ({', '.join(c.name for c in channels)}) spend more than "
                           f"privacy.epsilon={p.epsilon}; raise their noise multipliers")
-
-    # Rounds with the same relative σ are one self-composed event: far cheaper to account.
     scales, counts = np.unique(np.asarray(schedule, dtype=np.float64), return_counts=True)
-
-    def eps(sigma: float) -> float:
-        events = [StepEvent(q, sigma * float(s) * factor, steps * int(c)) for s, c in zip(scales, counts)]
-        return compute_epsilon(events + fixed, p.delta, p.accountant)
-
-    lo, hi = 1e-3, 1.0
-    while eps(hi) > p.epsilon:
-        lo, hi = hi, hi * 2
-        if hi > 1e6:
-            raise ConfigError(f"cannot reach privacy.epsilon={p.epsilon}")
-    for _ in range(40):
-        mid = math.sqrt(lo * hi)
-        if eps(mid) > p.epsilon:
-            lo = mid
-        else:
-            hi = mid
-        if hi / lo < 1 + 1e-4:
-            break
-    return hi
+    return calibrate_noise_multiplier(p.epsilon, p.delta, [(q, steps * int(c)) for c in counts], p.accountant,
+                                      sigma_schedule=[float(s * factor) for s in scales], extra_events=fixed)
 
 
 def plan_noise(spec: MethodSpec, cfg: Config, clipping: str, q: np.ndarray, steps: np.ndarray) -> np.ndarray:

@@ -32,7 +32,9 @@ ROUNDS = pa.schema([
 
 CLIENTS = pa.schema([
     ("run_id", STR), ("round", I64), ("client_id", I64), ("num_samples", I64), ("num_steps", I64),
-    ("train_loss", F64), ("update_norm", F64), ("update_norm_raw", F64), ("update_norm_denoised", F64),
+    ("train_loss", F64), ("update_norm", F64), ("update_norm_per_step", F64), ("update_norm_denoised", F64),
+    ("example_norm_median", F64),        # ADPC: the quantile the server reads from the client's noised histogram
+    ("example_norm_median_true", F64),   # the true quantile: a simulation diagnostic, never uploaded
     ("frac_clipped", F64), ("clip_norm", F64), ("noise_multiplier", F64), ("epsilon", F64),
     ("val_f1", F64), ("val_f1_ema", F64), ("update_norm_ema", F64), ("reliability", F64), ("nominal_weight", F64),
     ("deviation", F64), ("deviation_normalized", F64), ("robust_weight", F64), ("aggregation_weight", F64),

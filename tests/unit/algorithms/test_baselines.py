@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import json
 import math
 
@@ -14,7 +16,7 @@ from raysim.algorithms.awdp import AWDPServer
 from raysim.algorithms.base import MethodContext
 from raysim.algorithms.fedacg import FedACGHooks, FedACGServer
 from raysim.algorithms.fedprox import ProximalHooks
-from raysim.algorithms.quantile import QuantileClipServer
+from raysim.algorithms.quantile import QuantileClipServer, quantile_uploads
 from raysim.algorithms.registry import get_method
 from raysim.algorithms.sam import SAMBothHooks, SAMHooks
 from raysim.algorithms.scaffold import ScaffoldHooks, ScaffoldServer
@@ -35,9 +37,13 @@ def _ctx(cfg, num_params=2, layer_slices=((0, 2),), num_clients=2, sigma=0.0):
                          np.full(num_clients, sigma))
 
 
-def _result(cid, delta, *, server_round=1, num_samples=100, num_steps=4, frac_clipped=0.0, per_layer=None, state=None):
+def _result(cid, delta, *, server_round=1, num_samples=100, num_steps=4, frac_clipped=0.0, per_layer=None, state=None,
+            uploads=None):
+    up = dict(uploads or {})
+    if per_layer is not None:
+        up["per_layer_norms"] = per_layer
     return ClientResult(cid, server_round, num_samples, num_steps, torch.tensor(delta, dtype=torch.float32), 0.0,
-                        frac_clipped, per_layer_norms=per_layer, client_state=state)
+                        frac_clipped, uploads=up, client_state=state)
 
 
 def _vec(*x):
@@ -131,19 +137,28 @@ def test_quantile_clip_update_through_the_server():
     server = QuantileClipServer(_ctx(cfg, num_clients=4))
     assert server.clip_norm(1) == 2.0 and server.tasks(1, {})[0].clip_norm == 2.0
     fracs = [0.0, 0.5, 1.0, 0.9]    # fractions of clipped examples -> b_i = [1, 0.5, 0, 0.1], b̄ = 0.4
-    results = [_result(i, [0.0, 0.0], frac_clipped=f) for i, f in enumerate(fracs)]
+    results = [_result(i, [0.0, 0.0], frac_clipped=f, uploads={"unclipped_fraction": 1.0 - f})
+               for i, f in enumerate(fracs)]
     agg = server.aggregate(1, _vec(0.0, 0.0), results)
     expected = 2.0 * math.exp(-0.2 * (0.4 - 0.5))
     assert agg.round_logs["clipped_fraction_noisy"] == pytest.approx(0.4)
     assert agg.round_logs["next_clip_norm"] == pytest.approx(expected)
     assert server.clip_norm(2) == pytest.approx(expected)
 
-    # With noise: b̄ = (Σ b_i + σ_b z)/N, z from the (seed, "quantile-noise", round) stream.
+    # With noise, each *client* adds σ_b z_i to its own b_i, z_i from its (seed, "quantile-noise", round, client)
+    # stream, before upload; the server only averages.
+    (upload,) = quantile_uploads(_cfg(num_clients=4, seed=3, quantile={"noise_multiplier": 2.0}))
+    noisy_b = []
+    for i, f in enumerate(fracs):
+        ctx = SimpleNamespace(cfg=_cfg(seed=3, quantile={"noise_multiplier": 2.0}), frac_clipped=f,
+                              rng=lambda purpose, i=i: np_generator(3, purpose, 1, i))
+        noisy_b.append(upload.compute(ctx))
+    z = [np_generator(3, "quantile-noise", 1, i).standard_normal() for i in range(4)]
+    assert noisy_b == pytest.approx([1.0 - f + 2.0 * zi for f, zi in zip(fracs, z)])
     noisy = QuantileClipServer(_ctx(_cfg(num_clients=4, seed=3, quantile={"noise_multiplier": 2.0}), num_clients=4))
-    z = np_generator(3, "quantile-noise", 1).standard_normal()
-    agg = noisy.aggregate(1, _vec(0.0, 0.0), results)
-    assert agg.round_logs["clipped_fraction_noisy"] == pytest.approx((1.6 + 2.0 * z) / 4)
-    assert noisy.clip_norm(2) == pytest.approx(math.exp(-0.2 * ((1.6 + 2.0 * z) / 4 - 0.5)))
+    agg = noisy.aggregate(1, _vec(0.0, 0.0), [_result(i, [0.0, 0.0], uploads={"unclipped_fraction": b})
+                                              for i, b in enumerate(noisy_b)])
+    assert agg.round_logs["clipped_fraction_noisy"] == pytest.approx(np.mean(noisy_b))
 
     # norm_source = update: b_i = 1[‖Δ_i‖/(lr τ) ≤ C]; lr 0.5, τ 4 -> s = [0.5, 1.5, 2.5] vs C = 1: b̄ = 2/3.
     upd = QuantileClipServer(_ctx(_cfg(num_clients=3, lr=0.5, quantile={"norm_source": "update"}), num_clients=3))
@@ -156,11 +171,11 @@ def test_quantile_clip_update_through_the_server():
 def test_quantile_bits_are_a_side_channel_only_when_read_from_private_data():
     spec = get_method("dp-fedavg-adaptive")
     noisy = _cfg(quantile={"noise_multiplier": 3.0})
-    assert [(c.name, c.noise_multiplier, c.per_round) for c in side_channels(spec, noisy)] == [("clipped_count", 3.0, 1)]
-    assert not_covered(spec, noisy, "per_sample") == ""
-    assert "clipped-count" in not_covered(spec, _cfg(), "per_sample")
+    assert [(c.name, c.noise_multiplier, c.per_round) for c in side_channels(spec, noisy)] == [("unclipped_fraction", 3.0, 1)]
+    assert "unclipped_fraction" not in not_covered(spec, noisy, "per_sample")
+    assert "unclipped_fraction" in not_covered(spec, _cfg(), "per_sample")
     update = _cfg(quantile={"noise_multiplier": 3.0, "norm_source": "update"})   # post-processing of Δw_i
-    assert side_channels(spec, update) == [] and not_covered(spec, update, "per_sample") == ""
+    assert side_channels(spec, update) == [] and "unclipped_fraction" not in not_covered(spec, update, "per_sample")
     assert side_channels(get_method("fedsa"), noisy) == []
 
 

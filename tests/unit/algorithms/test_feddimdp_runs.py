@@ -2,31 +2,34 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pandas as pd
 import pytest
 
-from raysim.algorithms.registry import get_method
+from raysim.algorithms.registry import get_method, resolve_preset
+from raysim.config import ConfigError
 from raysim.experiment import run_experiment
 from raysim.results import read_table
 from tests.helpers import tiny_config
 
-COLUMNS = ["update_norm", "val_f1", "val_f1_ema", "update_norm_ema", "reliability", "nominal_weight", "deviation",
-           "deviation_normalized", "robust_weight", "clip_norm", "frac_clipped", "epsilon", "update_norm_denoised"]
+COLUMNS = ["update_norm", "update_norm_per_step", "val_f1", "val_f1_ema", "update_norm_ema", "reliability",
+           "nominal_weight", "deviation", "deviation_normalized", "robust_weight", "clip_norm", "frac_clipped",
+           "epsilon", "example_norm_median", "example_norm_median_true"]
 
 
-def _run(tmp_path_factory, method: str, **kw) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _run(tmp_path_factory, method: str, rounds: int = 2, **kw) -> tuple[pd.DataFrame, pd.DataFrame]:
     folder = tmp_path_factory.mktemp(method)
-    run_experiment(tiny_config(method=method, rounds=2, privacy__epsilon=8, **kw), str(folder))
+    run_experiment(tiny_config(method=method, rounds=rounds, privacy__epsilon=8, **kw), str(folder))
     clients = read_table(str(folder), "clients").sort_values(["round", "client_id"]).reset_index(drop=True)
-    rounds = read_table(str(folder), "rounds").sort_values("round").reset_index(drop=True)
-    return rounds, clients
+    rounds_ = read_table(str(folder), "rounds").sort_values("round").reset_index(drop=True)
+    return rounds_, clients
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    return {m: _run(tmp_path_factory, m) for m in
-            ("feddimdp", "feddimdp-no-adpc", "feddimdp-no-cra", "feddimdp-no-lldm")}
+    return {m: _run(tmp_path_factory, m) for m in ("feddimdp", "feddimdp-no-adpc", "feddimdp-no-cra")}
 
 
 def _median(x: np.ndarray) -> float:
@@ -42,21 +45,26 @@ def test_every_column_is_logged(runs):
     assert rounds[["clip_norm", "epsilon"]].notna().all().all()
 
 
-def test_next_clip_is_max_of_median_and_floor(runs):
-    rounds, clients = runs["feddimdp"]
-    c_min = 0.1
-    for t in (1,):
-        s_hat = clients.loc[clients["round"] == t, "update_norm_denoised"].to_numpy()
-        expected = max(_median(s_hat), c_min)
+def test_next_clip_is_max_of_median_of_private_medians_and_floor(tmp_path_factory):
+    rounds, clients = _run(tmp_path_factory, "feddimdp", rounds=3)
+    for t in (1, 2):
+        m = clients.loc[clients["round"] == t, "example_norm_median"].to_numpy()
+        expected = max(_median(m), 0.1)
         assert rounds.loc[rounds["round"] == t + 1, "clip_norm"].item() == pytest.approx(expected, rel=1e-12)
-        assert (clients.loc[clients["round"] == t + 1, "clip_norm"] == rounds.loc[rounds["round"] == t + 1, "clip_norm"].item()).all()
+        assert (clients.loc[clients["round"] == t + 1, "clip_norm"] == expected).all()
     assert rounds.loc[0, "clip_norm"] == 1.0   # C^(0) = adpc.c0
+    # The private median tracks the true one (both logged; only the former was uploaded).
+    c = clients[["example_norm_median", "example_norm_median_true"]].to_numpy()
+    assert np.all(np.abs(np.log(c[:, 0] / c[:, 1])) < np.log(3.0))
 
 
-def test_literal_rule_without_denoise(tmp_path_factory):
-    rounds, clients = _run(tmp_path_factory, "feddimdp", adpc__denoise=False)
-    s = clients.loc[clients["round"] == 1, "update_norm"].to_numpy()
-    assert rounds.loc[1, "clip_norm"] == pytest.approx(max(_median(s), 0.1), rel=1e-12)
+@pytest.mark.parametrize("statistic", ["update_norm", "update_norm_per_step", "update_norm_denoised"])
+def test_literal_statistics(tmp_path_factory, statistic):
+    rounds, clients = _run(tmp_path_factory, "feddimdp", adpc__statistic=statistic)
+    g = clients[clients["round"] == 1]
+    column = "update_norm_per_step" if statistic == "update_norm_per_step" else statistic
+    assert rounds.loc[1, "clip_norm"] == pytest.approx(max(_median(g[column].to_numpy()), 0.1), rel=1e-12)
+    assert g["example_norm_median"].isna().all() and g["example_norm_median_true"].isna().all()
 
 
 def test_robust_weights_lie_in_the_ambiguity_set(runs):
@@ -68,20 +76,25 @@ def test_robust_weights_lie_in_the_ambiguity_set(runs):
         assert np.allclose(g["aggregation_weight"], p)
 
 
+def test_presets_set_exactly_their_switch():
+    for name, switch in (("feddimdp-no-lldm", "lldm"), ("feddimdp-no-adpc", "adpc"), ("feddimdp-no-cra", "cra")):
+        cfg = resolve_preset(tiny_config(method=name))
+        assert getattr(cfg.feddimdp, switch) is False
+        assert sum(cfg.feddimdp.on(s) for s in ("lldm", "adpc", "cra")) == 2
+        assert get_method(name).server is get_method("feddimdp").server
+    with pytest.raises(ConfigError, match="preset feddimdp.adpc=False"):
+        resolve_preset(tiny_config(method="feddimdp-no-adpc", feddimdp__adpc=True))
+
+
 def test_ablations_remove_exactly_their_component(runs):
-    full = get_method("feddimdp")
-    for name, lldm, adpc, cra in (("feddimdp-no-lldm", False, True, True), ("feddimdp-no-adpc", True, False, True),
-                                  ("feddimdp-no-cra", True, True, False)):
-        spec = get_method(name)
-        assert spec.lldm is lldm and spec.server.use_adpc is adpc and spec.server.use_cra is cra
-        assert spec.client is full.client and spec.private and spec.per_layer_clipping == full.per_layer_clipping
     full_rounds, full_clients = runs["feddimdp"]
-    # w/o-ADPC: C stays at C^(0); round 1 is identical to FedDimDP (ADPC acts from round 2 on).
+    # w/o-ADPC: C stays at privacy.clip_norm = C^(0), no histogram, so DP-SGD gets the whole budget.
     r, c = runs["feddimdp-no-adpc"]
     assert (r["clip_norm"] == 1.0).all()
-    pd.testing.assert_frame_equal(c[c["round"] == 1].drop(columns=["client_seconds", "run_id"]),
-                                  full_clients[full_clients["round"] == 1].drop(columns=["client_seconds", "run_id"]))
-    # w/o-CRA: FedAvg weights, no q_i uploaded; local training in round 1 is identical.
+    assert c["example_norm_median"].isna().all()
+    assert (c["noise_multiplier"].to_numpy() < full_clients["noise_multiplier"].to_numpy()).all()
+    assert np.array_equal(c["num_samples"], full_clients["num_samples"])
+    # w/o-CRA: FedAvg weights, no q_i uploaded.
     r, c = runs["feddimdp-no-cra"]
     g = c[c["round"] == 1]
     assert np.allclose(g["aggregation_weight"], g["num_samples"] / g["num_samples"].sum())
@@ -89,8 +102,49 @@ def test_ablations_remove_exactly_their_component(runs):
     f1 = full_clients[full_clients["round"] == 1]
     assert np.array_equal(g["update_norm"].to_numpy(), f1["update_norm"].to_numpy())
     assert r.loc[1, "clip_norm"] == pytest.approx(full_rounds.loc[1, "clip_norm"], rel=1e-12)
-    # w/o-LLDM: a different (plain) model, same partition and privacy plan.
-    r, c = runs["feddimdp-no-lldm"]
-    assert np.array_equal(c["num_samples"], full_clients["num_samples"])
-    assert np.array_equal(c["noise_multiplier"], full_clients["noise_multiplier"])
-    assert not np.array_equal(c["update_norm"], full_clients["update_norm"])
+
+
+def test_all_switches_off_is_fedsa_bit_for_bit(tmp_path_factory):
+    off = dict(feddimdp__lldm=False, feddimdp__adpc=False, feddimdp__cra=False)
+    r_off, c_off = _run(tmp_path_factory, "feddimdp", **off)
+    r_sa, c_sa = _run(tmp_path_factory, "fedsa")
+    for col in ("test_accuracy", "test_loss", "test_f1", "epsilon", "clip_norm"):
+        assert np.array_equal(r_off[col].to_numpy(), r_sa[col].to_numpy()), col
+    for col in ("update_norm", "train_loss", "noise_multiplier", "epsilon", "aggregation_weight"):
+        assert np.array_equal(c_off[col].to_numpy(), c_sa[col].to_numpy()), col
+
+
+@pytest.mark.parametrize("lldm,adpc,cra", list(itertools.product([False, True], repeat=3)))
+def test_every_switch_combination_runs(tmp_path, lldm, adpc, cra):
+    cfg = tiny_config(method="feddimdp", rounds=1, privacy__epsilon=8, feddimdp__lldm=lldm, feddimdp__adpc=adpc,
+                      feddimdp__cra=cra)
+    run_experiment(cfg, str(tmp_path))
+    runs = read_table(str(tmp_path), "runs")
+    assert runs["status"].tolist() == ["completed"] and runs["epsilon"].item() <= 8.0 + 1e-9
+    clients = read_table(str(tmp_path), "clients")
+    assert clients["example_norm_median"].notna().all() == adpc
+    assert clients["val_f1"].notna().all() == cra
+    assert ("norm_histogram" in runs["not_covered_by_epsilon"].item()) is False
+
+
+def test_server_val_f1_scores_uploads_on_the_public_holdout(tmp_path_factory):
+    r, c = _run(tmp_path_factory, "feddimdp", cra__utility="server_val_f1", data__server_holdout=100)
+    assert c["val_f1"].between(0, 1).all() and c["robust_weight"].notna().all()
+    folder = tmp_path_factory.mktemp("svf1")
+    run_experiment(tiny_config(method="feddimdp", rounds=1, privacy__epsilon=8, cra__utility="server_val_f1",
+                               data__server_holdout=100), str(folder))
+    runs = read_table(str(folder), "runs")
+    assert "val_f1" not in runs["not_covered_by_epsilon"].item()   # post-processing on public data
+    # The hold-out belongs to no client: 100 fewer training images in all.
+    full = read_table(str(folder), "partitions")
+    base = tmp_path_factory.mktemp("base")
+    run_experiment(tiny_config(method="feddimdp", rounds=1, privacy__epsilon=8), str(base))
+    part = read_table(str(base), "partitions")
+    assert full["count"].sum() == part["count"].sum() - 100
+
+
+def test_batch_clipping_with_the_default_statistic_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="update_norm\\|update_norm_per_step\\|update_norm_denoised"):
+        run_experiment(tiny_config(method="feddimdp", privacy__epsilon=8, privacy__clipping="batch"), str(tmp_path))
+    run_experiment(tiny_config(method="feddimdp", rounds=1, privacy__epsilon=8, privacy__clipping="batch",
+                               adpc__statistic="update_norm_denoised"), str(tmp_path))
