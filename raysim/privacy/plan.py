@@ -17,6 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from raysim.algorithms.base import MethodSpec
+from raysim.algorithms.registry import resolve_preset
 from raysim.algorithms.uploads import gaussian_sigma_equivalent, gaussian_uploads, not_covered_text
 from raysim.config import Config, ConfigError
 from raysim.privacy.accounting import StepEvent, calibrate_noise_multiplier, compute_epsilon
@@ -41,7 +42,7 @@ def resolve_clipping(spec: MethodSpec, cfg: Config) -> str:
     if not dp_requested:
         raise ConfigError(f"method {spec.name!r} with privacy.clipping={mode} needs privacy.epsilon (target ε) "
                           f"or privacy.noise_multiplier (σ)")
-    spec.validate(cfg, mode)
+    spec.validate(resolve_preset(cfg), mode)
     return mode
 
 
@@ -63,12 +64,12 @@ class SideChannel:
 def side_channels(spec: MethodSpec, cfg: Config) -> list[SideChannel]:
     """The Gaussian releases the method declares for its clients (``MethodSpec.uploads``)."""
     return [SideChannel(u.name, u.release.noise_multiplier, u.release.per_round)
-            for u in gaussian_uploads(spec.uploads(cfg))]
+            for u in gaussian_uploads(spec.uploads(resolve_preset(cfg)))]
 
 
 def not_covered(spec: MethodSpec, cfg: Config, clipping: str) -> str:
     """Human-readable list of values computed from private data that ε does not cover."""
-    return not_covered_text(spec.uploads(cfg), clipping)
+    return not_covered_text(spec.uploads(resolve_preset(cfg)), clipping)
 
 
 def channels_event(channels: Sequence[SideChannel], rounds: int) -> StepEvent | None:
