@@ -66,15 +66,15 @@ def _config(changes: dict, seed: int):
 
 
 def _run_one(label: str, seed: int, results_dir: str) -> tuple[str, int, str, float]:
-    from raysim.experiment import run_experiment
+    from raysim.runtime import execute
     cfg = _config(variants()[label], seed)
     t0 = time.perf_counter()
-    summary = run_experiment(cfg, results_dir)
+    summary = execute(cfg, results_dir)
     return label, seed, summary.run_id, time.perf_counter() - t0
 
 
 def run_all(results_dir: str, seeds: list[int], jobs: int) -> dict[tuple[str, int], str]:
-    from raysim.experiment import run_id_for
+    from raysim.config import run_id_for
     from raysim.results import ResultsSink
     sink = ResultsSink(results_dir)
     ids, todo = {}, []
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args(argv)
     if args.report_only:
-        from raysim.experiment import run_id_for
+        from raysim.config import run_id_for
         ids = {(label, s): run_id_for(_config(v, s)) for label, v in variants().items() for s in args.seeds}
     else:
         ids = run_all(args.results_dir, args.seeds, args.jobs)

@@ -26,7 +26,8 @@ def resolve_values(path: str, overrides: Sequence[str], data_root: str | None, a
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from raysim.experiment import prepare, run_experiment
+    from raysim.experiment import prepare
+    from raysim.runtime import execute
     from raysim.progress import RunProgress, print_summary
     values = resolve_values(args.config, args.overrides, args.data_root, args.address)
     methods = values.get("method", "fedavg")
@@ -36,7 +37,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     rows = []
     for cfg, pair in zip(configs, data):
         with RunProgress(cfg) as progress:
-            summary = run_experiment(cfg, args.results_dir, on_setup=progress.setup, on_round=progress.round, data=pair)
+            summary = execute(cfg, args.results_dir, on_setup=progress.setup, on_round=progress.round, data=pair)
         rows.append(summary.row)
     print_summary(rows, args.results_dir)
     return 0

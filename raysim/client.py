@@ -14,28 +14,11 @@ from raysim.algorithms.registry import get_method
 from raysim.algorithms.uploads import UploadContext
 from raysim.config import Config
 from raysim.data import ArrayDataset, to_float_tensor
-from raysim.models import build_model
-from raysim.privacy.grad_sample import make_engine, parametrised_layers
+from raysim.models import model_for
+from raysim.privacy.grad_sample import layer_slices, make_engine
 from raysim.rng import np_generator
 from raysim.training import local_train
-from raysim.types import ClientData, ClientResult, ClientTask, RoundPayload
-
-
-def model_for(cfg: Config, info, lldm: bool) -> torch.nn.Module:
-    """The client/global model of a run (LLDM only for the FedDimDP variants that use it)."""
-    return build_model(info.channels, info.image_size, info.num_classes, lldm=lldm,
-                       lldm_reduction=cfg.lldm.reduction, lldm_keep_fraction=cfg.lldm.keep_fraction)
-
-
-def layer_slices(model: torch.nn.Module) -> tuple[tuple[int, int], ...]:
-    """[start, end) of each parametrised layer's (weight, bias) in the flat parameter vector."""
-    ids = {id(p): i for i, p in enumerate(model.parameters())}
-    offsets = np.cumsum([0] + [p.numel() for p in model.parameters()])
-    out = []
-    for layer in parametrised_layers(model):
-        idx = [ids[id(p)] for p in layer.parameters()]
-        out.append((int(offsets[min(idx)]), int(offsets[max(idx) + 1])))
-    return tuple(out)
+from raysim.messages import ClientData, ClientResult, ClientTask, RoundPayload
 
 
 def to_device(obj: Any, device: torch.device) -> Any:

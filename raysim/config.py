@@ -21,7 +21,10 @@ from typing import Any, Mapping
 import yaml
 
 __all__ = ["ConfigError", "Config", "load_config", "config_from_dict", "apply_overrides", "config_to_dict",
-           "config_hash", "parse_override"]
+           "config_hash", "parse_override", "run_id_for", "result_hash", "CLIPPING_MODES"]
+
+#: ``privacy.clipping`` modes once resolved (``auto`` resolves to one of them).
+CLIPPING_MODES = ("per_sample", "batch", "none")
 
 
 class ConfigError(ValueError):
@@ -260,7 +263,7 @@ def validate(cfg: Config) -> Config:
         _fail("data.alpha", f"must be > 0, got {d.alpha}")
     if not 0 <= d.val_fraction < 1:
         _fail("data.val_fraction", f"must be in [0, 1), got {d.val_fraction}")
-    _choice("privacy.clipping", p.clipping, ("auto", "per_sample", "batch", "none"))
+    _choice("privacy.clipping", p.clipping, ("auto", *CLIPPING_MODES))
     _choice("privacy.accountant", p.accountant, ("pld", "rdp"))
     if p.epsilon is not None and p.noise_multiplier is not None:
         _fail("privacy.epsilon", "give privacy.epsilon or privacy.noise_multiplier, not both")
@@ -407,3 +410,15 @@ def server_holdout_size(cfg: Config) -> int:
     if cfg.data.server_holdout is not None:
         return int(cfg.data.server_holdout)
     return 500 if cfg.cra.utility == "server_val_f1" else 0
+
+
+def result_hash(cfg: Config) -> str:
+    """Hash of the result-relevant config. Where and how fast a run executes does not change its
+    results (the determinism test), so the runtime section and data paths are not part of it."""
+    d = dataclasses.replace(cfg.data, root=None, cache_dir=None, download=False)
+    return config_hash(cfg.replace(runtime=RuntimeConfig(), data=d))
+
+
+def run_id_for(cfg: Config) -> str:
+    """A run's stable id: readable prefix + hash of the result-relevant config."""
+    return f"{cfg.method}-{cfg.data.name}-s{cfg.seed}-{result_hash(cfg)[:10]}"

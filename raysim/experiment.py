@@ -2,45 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import math
-import socket
-import subprocess
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Protocol
 
 from raysim.algorithms.registry import get_method, resolve_preset
-from raysim.config import Config, ConfigError, config_hash, config_to_dict
+from raysim.config import Config, ConfigError, config_to_dict, run_id_for
 from raysim.data import DATASETS, load_dataset
 from raysim.results import ResultsSink
+from raysim.results.rows import now, run_row
 from raysim.simulation import RoundRecord, SetupRecord
-
-
-def run_id_for(cfg: Config, sweep_id: str | None = None) -> str:
-    """Stable id: readable prefix + hash of the result-relevant config (runtime and paths excluded)."""
-    return f"{cfg.method}-{cfg.data.name}-s{cfg.seed}-{result_hash(cfg)[:10]}"
-
-
-def result_hash(cfg: Config) -> str:
-    # Where and how fast a run executes does not change its results (determinism test), so the
-    # runtime section and data paths are not part of the identity.
-    d = cfg.data.__class__(**{**config_to_dict(cfg.data), "root": None, "cache_dir": None, "download": False})
-    return config_hash(cfg.replace(runtime=cfg.runtime.__class__(), data=d))
-
-
-def code_version() -> str:
-    try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=Path(__file__).resolve().parent,
-                             capture_output=True, text=True, timeout=5)
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    from raysim import __version__
-    return __version__
 
 
 def check_config(cfg: Config) -> None:
@@ -73,28 +45,22 @@ class RunSummary:
     row: dict[str, Any]
 
 
-def _now() -> datetime:
-    return datetime.now(timezone.utc)
+class Backend(Protocol):
+    """Where a run's simulation executes, chosen once by the caller and passed in (as pfl-research
+    passes a ``Backend`` into ``run``): in this process (``raysim.runtime.serial.SerialBackend``) or
+    in a driver actor on Ray (``raysim.runtime.driver.RayBackend``); ``raysim.runtime.backend_for``
+    picks one from ``runtime.executor``. Nothing here imports the runtime."""
+
+    def start(self, cfg: Config, train: Any, test: Any) -> tuple[SetupRecord, Iterator[RoundRecord], dict[str, Any]]:
+        """Set the run up; returns its setup, the stream of round records and extra runs-row fields."""
+        ...
 
 
-def run_row(cfg: Config, sweep_id: str | None, status: str) -> dict[str, Any]:
-    """The runs row of ``cfg`` as it starts (also what a sweep records for a run that failed before
-    writing a row of its own)."""
-    return {
-        "run_id": run_id_for(cfg), "sweep_id": sweep_id, "method": cfg.method, "dataset": cfg.data.name,
-        "partition": cfg.data.partition, "alpha": cfg.data.alpha if cfg.data.partition == "dirichlet" else None,
-        "seed": cfg.seed, "num_clients": cfg.num_clients, "rounds": cfg.rounds,
-        "config": json.dumps(config_to_dict(cfg), sort_keys=True), "status": status, "start_time": _now(),
-        "rounds_completed": 0, "delta": cfg.privacy.delta, "accountant": cfg.privacy.accountant,
-        "code_version": code_version(), "hostname": socket.gethostname(),
-    }
-
-
-def run_experiment(cfg: Config, results_dir: str, *, sweep_id: str | None = None,
+def run_experiment(cfg: Config, results_dir: str, backend: Backend, *, sweep_id: str | None = None,
                    on_setup: Callable[[SetupRecord], None] | None = None,
                    on_round: Callable[[RoundRecord], None] | None = None,
-                   placement_group: Any = None, data: tuple[Any, Any] | None = None) -> RunSummary:
-    """Execute ``cfg`` and write its rows; returns the final runs row (status completed).
+                   data: tuple[Any, Any] | None = None) -> RunSummary:
+    """Execute ``cfg`` on ``backend`` and write its rows; returns the final runs row (status completed).
 
     ``data`` is the (train, test) pair from :func:`prepare`, which is called here when omitted.
     """
@@ -108,16 +74,8 @@ def run_experiment(cfg: Config, results_dir: str, *, sweep_id: str | None = None
     t0 = time.perf_counter()
     best_acc = best_f1 = -math.inf
     try:
-        if cfg.runtime.executor == "serial":
-            from raysim.runtime.serial import SerialExecutor
-            from raysim.simulation import Simulation
-            sim = Simulation(cfg, train, test, SerialExecutor())
-            setup, records = sim.setup, sim.run()
-        else:
-            from raysim.runtime.driver import init_ray, ray_rounds, run_placement
-            init_ray(cfg.runtime.address)
-            setup, records, driver = ray_rounds(cfg, train, test, placement_group)
-            row.update(run_placement(driver))
+        setup, records, placement = backend.start(cfg, train, test)
+        row.update(placement)
         row.update(clipping=setup.clipping, noise_multiplier=max(setup.noise_multipliers),
                    not_covered_by_epsilon=setup.not_covered_by_epsilon, num_params=setup.num_params)
         sink.write_partition(run_id, setup.partition_stats)
@@ -135,9 +93,9 @@ def run_experiment(cfg: Config, results_dir: str, *, sweep_id: str | None = None
             if on_round:
                 on_round(rec)
     except BaseException as exc:
-        row.update(status="failed", error=f"{type(exc).__name__}: {exc}", end_time=_now(), wall_seconds=time.perf_counter() - t0)
+        row.update(status="failed", error=f"{type(exc).__name__}: {exc}", end_time=now(), wall_seconds=time.perf_counter() - t0)
         sink.write_run(row)
         raise
-    row.update(status="completed", end_time=_now(), wall_seconds=time.perf_counter() - t0)
+    row.update(status="completed", end_time=now(), wall_seconds=time.perf_counter() - t0)
     sink.write_run(row)
     return RunSummary(run_id, row)

@@ -20,16 +20,16 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from raysim.algorithms.base import MethodContext
 from raysim.algorithms.registry import get_method, resolve_preset
-from raysim.client import layer_slices, model_for
 from raysim.config import Config, ConfigError, server_holdout_size
 from raysim.data import ArrayDataset, partition, partition_stats, to_float_tensor, train_val_split
 from raysim.metrics import evaluate
-from raysim.models import count_parameters, init_parameters
+from raysim.models import count_parameters, init_parameters, model_for
 from raysim.privacy.accounting import PrivacyLedger, epsilon_many
+from raysim.privacy.grad_sample import layer_slices
 from raysim.privacy.plan import accounting_factor, not_covered, plan_noise, resolve_clipping, round_events, side_channels
 from raysim.rng import np_generator, torch_generator
 from raysim.training import sample_rate, steps_per_epoch
-from raysim.types import ClientData, ClientResult, ClientTask, RoundPayload
+from raysim.messages import ClientData, ClientResult, ClientTask, RoundPayload
 
 
 class TrainingDiverged(RuntimeError):

@@ -42,7 +42,7 @@ class Sweep:
 
     @property
     def run_ids(self) -> list[str]:
-        from raysim.experiment import run_id_for
+        from raysim.config import run_id_for
         return [run_id_for(c) for c in self.configs]
 
 
@@ -127,7 +127,7 @@ def _parse_grid(raw: Any) -> list[tuple[str, list[Any]]]:
 def expand_sweep(spec: Mapping[str, Any], *, name: str, base_dir: Path = Path("."),
                  overrides: Sequence[tuple[str, Any]] = ()) -> Sweep:
     """Expand a parsed sweep file into validated, de-duplicated configs (grid order, last key fastest)."""
-    from raysim.experiment import run_id_for
+    from raysim.config import run_id_for
     if not isinstance(spec, Mapping):
         raise ConfigError("sweep file: expected a mapping at the top level")
     unknown = sorted(set(spec) - set(_SWEEP_KEYS))

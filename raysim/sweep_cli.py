@@ -18,7 +18,7 @@ class SweepProgress:
 
     def __init__(self, sweep: Sweep, todo: Sequence[Config], results_dir: str) -> None:
         from tqdm import tqdm
-        from raysim.experiment import run_id_for
+        from raysim.config import run_id_for
         from raysim.results import ResultsSink
         self.sink = ResultsSink(results_dir)
         self.rounds = {run_id_for(c): c.rounds for c in todo}
@@ -130,10 +130,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(f"  {(rows[run_id] or {}).get('status', 'new'):<10} {run_id}  {run_label(cfg)}")
         return 0
     if todo:
+        from raysim.runtime import execute_row
         from raysim.runtime.sweep_runner import run_sweep
         progress = SweepProgress(sweep, todo, results_dir)
         try:
-            run_sweep(todo, results_dir, sweep.sweep_id, address=args.address, max_concurrent=args.max_concurrent,
+            run_sweep(todo, results_dir, sweep.sweep_id, run_one=execute_row, address=args.address, max_concurrent=args.max_concurrent,
                       listener=progress)
         except KeyboardInterrupt:
             progress.close()

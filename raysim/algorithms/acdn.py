@@ -26,7 +26,7 @@ from raysim.algorithms.base import Aggregate, MethodContext, MethodSpec, Server,
 from raysim.algorithms.registry import register
 from raysim.algorithms.server_math import decaying_sigma_schedule
 from raysim.config import Config
-from raysim.types import ClientResult
+from raysim.messages import ClientResult
 
 
 class ACDNServer(Server):

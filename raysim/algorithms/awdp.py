@@ -27,7 +27,7 @@ from raysim.algorithms.registry import register
 from raysim.algorithms.server_math import awdp_layer_weights
 from raysim.algorithms.uploads import Release, Upload, UploadContext
 from raysim.config import Config
-from raysim.types import ClientResult
+from raysim.messages import ClientResult
 
 
 def _per_layer_norms(ctx: UploadContext) -> list[float]:

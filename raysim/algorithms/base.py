@@ -18,9 +18,10 @@ from typing import Any, Callable, ClassVar, Sequence
 import numpy as np
 import torch
 
+from raysim.algorithms import flat
 from raysim.algorithms.uploads import Upload
 from raysim.config import Config
-from raysim.types import ClientResult, ClientTask, RoundPayload
+from raysim.messages import ClientResult, ClientTask, RoundPayload
 
 
 @dataclass(frozen=True)
@@ -48,11 +49,8 @@ class Aggregate:
 
 
 def weighted_sum(deltas: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
-    """Σ_i w_i Δ_i in float64 accumulation (order fixed by client id, so reproducible)."""
-    out = torch.zeros_like(deltas[0], dtype=torch.float64)
-    for d, w in zip(deltas, weights):
-        out.add_(d.to(torch.float64), alpha=float(w))
-    return out.to(deltas[0].dtype)
+    """Σ_i w_i Δ_i (float64 accumulation, :func:`raysim.algorithms.flat.sum64`) in Δ's dtype."""
+    return flat.sum64(deltas, weights).to(deltas[0].dtype)
 
 
 class Server:

@@ -20,8 +20,8 @@ __all__ = [
 ]
 
 from raysim.algorithms.cra_math import _as_vector as _finite_vector  # one validation helper
+from raysim.config import CLIPPING_MODES
 
-DENOISE_MODES = ("per_sample", "batch", "none")
 
 
 def median(values: np.ndarray) -> float:
@@ -141,8 +141,8 @@ def denoise_update_norm(s: float, *, num_params: int, noise_multiplier: float, c
     ``s`` must be in per-step units (:func:`update_norm_per_step`); the formula does not hold for raw ‖Δw‖.
     Pure post-processing of DP outputs, so free in privacy.
     """
-    if mode not in DENOISE_MODES:
-        raise ValueError(f"mode must be one of {DENOISE_MODES}, got {mode!r}")
+    if mode not in CLIPPING_MODES:
+        raise ValueError(f"mode must be one of {CLIPPING_MODES}, got {mode!r}")
     if s < 0.0:
         raise ValueError(f"s must be >= 0, got {s}")
     if mode == "none":

@@ -19,10 +19,10 @@ import torch
 
 from raysim.algorithms.base import Aggregate, MethodContext, MethodSpec, Server
 from raysim.algorithms.fedprox import ProximalHooks
-from raysim.algorithms.flat import uniform_mean
+from raysim.algorithms.flat import sum64
 from raysim.algorithms.registry import register
 from raysim.algorithms.server_math import fedacg_lookahead, fedacg_server_update
-from raysim.types import ClientResult, RoundPayload
+from raysim.messages import ClientResult, RoundPayload
 
 
 class FedACGHooks(ProximalHooks):
@@ -47,7 +47,7 @@ class FedACGServer(Server):
         return RoundPayload(server_round, w_tilde, w_tilde, {})
 
     def aggregate(self, server_round: int, global_weights: torch.Tensor, results: Sequence[ClientResult]) -> Aggregate:
-        mean_delta = uniform_mean([r.delta for r in results]).numpy()
+        mean_delta = sum64([r.delta for r in results]).numpy()
         w = global_weights.detach().to(torch.float64).cpu().numpy()
         new_w, self.momentum = fedacg_server_update(w, self.momentum, mean_delta, self.cfg.fedacg.lam)
         logs = [{"aggregation_weight": 1.0 / len(results)} for _ in results]

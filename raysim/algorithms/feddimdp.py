@@ -34,7 +34,7 @@ from raysim.algorithms.registry import register
 from raysim.algorithms.uploads import Release, Upload, UploadContext
 from raysim.config import Config, ConfigError
 from raysim.metrics import evaluate
-from raysim.types import ClientResult
+from raysim.messages import ClientResult
 
 
 def adpc_edges(cfg: Config) -> np.ndarray:

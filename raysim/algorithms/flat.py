@@ -30,9 +30,10 @@ def flatten(params: Sequence[torch.Tensor]) -> torch.Tensor:
         return parameters_to_vector(params).detach().clone()
 
 
-def uniform_mean(deltas: Sequence[torch.Tensor]) -> torch.Tensor:
-    """(1/N) Σ_i Δ_i, accumulated in float64 in the (client-id) order given, returned as float64."""
+def sum64(deltas: Sequence[torch.Tensor], weights: Sequence[float] | None = None) -> torch.Tensor:
+    """Σ_i w_i Δ_i accumulated in float64 in the (client-id) order given, so reproducible; returned as
+    float64. ``weights=None`` is the uniform mean (1/N) Σ_i Δ_i (the sum divided once, at the end)."""
     out = torch.zeros_like(deltas[0], dtype=torch.float64)
-    for d in deltas:
-        out.add_(d.to(torch.float64))
-    return out / len(deltas)
+    for i, d in enumerate(deltas):
+        out.add_(d.to(torch.float64), alpha=1.0 if weights is None else float(weights[i]))
+    return out / len(deltas) if weights is None else out

@@ -36,7 +36,7 @@ from raysim.algorithms.server_math import noised_fraction_below, quantile_clip_u
 from raysim.algorithms.uploads import Release, Upload, UploadContext
 from raysim.config import Config
 from raysim.rng import np_generator
-from raysim.types import ClientResult
+from raysim.messages import ClientResult
 
 
 def _unclipped_fraction(ctx: UploadContext) -> float:

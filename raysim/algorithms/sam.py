@@ -23,7 +23,7 @@ import torch
 from raysim.algorithms.base import ClientHooks, MethodSpec, Server
 from raysim.algorithms.registry import register
 from raysim.config import Config
-from raysim.types import ClientTask, RoundPayload
+from raysim.messages import ClientTask, RoundPayload
 
 
 def ascent_step(params: list[torch.nn.Parameter], direction: list[torch.Tensor], rho: float) -> list[torch.Tensor] | None:

@@ -20,11 +20,11 @@ from typing import Any, Sequence
 import torch
 
 from raysim.algorithms.base import Aggregate, ClientHooks, MethodContext, MethodSpec, Server
-from raysim.algorithms.flat import flatten, split_like, uniform_mean
+from raysim.algorithms.flat import flatten, split_like, sum64
 from raysim.algorithms.registry import register
 from raysim.algorithms.server_math import scaffold_control_update
 from raysim.config import Config
-from raysim.types import ClientResult, ClientTask, RoundPayload
+from raysim.messages import ClientResult, ClientTask, RoundPayload
 
 CONTROL = "control"
 
@@ -66,7 +66,7 @@ class ScaffoldServer(Server):
         return tasks
 
     def aggregate(self, server_round: int, global_weights: torch.Tensor, results: Sequence[ClientResult]) -> Aggregate:
-        step = uniform_mean([r.delta for r in results])
+        step = sum64([r.delta for r in results])
         control_deltas = []
         for r in results:
             new = (r.client_state or {}).get(CONTROL)
@@ -75,7 +75,7 @@ class ScaffoldServer(Server):
             old = self.sent.get(r.client_id)
             control_deltas.append(new if old is None else new - old)
         # Full participation: c ← c + (|S|/N)·mean_S Δc_i = c + (1/N) Σ_i Δc_i.
-        self.control = (self.control.double() + uniform_mean(control_deltas)).to(self.control.dtype)
+        self.control = (self.control.double() + sum64(control_deltas)).to(self.control.dtype)
         logs = [{"aggregation_weight": 1.0 / len(results)} for _ in results]
         return Aggregate((global_weights.double() + step).to(global_weights.dtype), logs, {})
 

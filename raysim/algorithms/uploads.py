@@ -27,8 +27,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-__all__ = ["Release", "Upload", "UploadContext", "LOGGED_PRIVATE", "gaussian_uploads", "not_covered_text",
-           "gaussian_sigma_equivalent"]
+__all__ = ["Release", "Upload", "UploadContext", "LOGGED_PRIVATE", "gaussian_uploads", "not_covered_text"]
 
 RELEASE_KINDS = ("gaussian", "post_processing", "not_covered", "diagnostic")
 
@@ -93,19 +92,6 @@ class Upload:
 
 def gaussian_uploads(uploads: Sequence[Upload]) -> list[Upload]:
     return [u for u in uploads if u.release.kind == "gaussian"]
-
-
-def gaussian_sigma_equivalent(releases: Sequence[tuple[float, int]]) -> float:
-    """σ of the one Gaussian mechanism equivalent to composing ``count`` releases of each σ_j.
-
-    Gaussian mechanisms of sensitivity 1 compose exactly (Dong, Roth & Su's μ-GDP: μ² = Σ 1/σ_j²), so
-    any number of them is one Gaussian with σ = (Σ_j count_j / σ_j²)^(-1/2); accounting one event
-    instead of many is both exact and much faster.
-    """
-    total = sum(count / sigma**2 for sigma, count in releases)
-    if total <= 0:
-        raise ValueError("need at least one release")
-    return float(total ** -0.5)
 
 
 def not_covered_text(uploads: Sequence[Upload], clipping: str) -> str:

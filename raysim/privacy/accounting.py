@@ -150,10 +150,26 @@ def _check_accountant(accountant: str) -> str:
     return accountant
 
 
-def _merge(events: Sequence[StepEvent]) -> tuple[StepEvent, ...]:
-    """Canonical form: zero-count events dropped, equal ``(q, sigma)`` merged, first-seen order.
+def gaussian_equivalent(releases: Sequence[tuple[float, int]]) -> float:
+    """σ of the one Gaussian mechanism equivalent to ``count`` releases of each σ_j (sensitivity 1).
 
-    Composition is commutative, so merging non-adjacent equal events does not change epsilon.
+    Gaussian mechanisms compose exactly into one Gaussian (μ-GDP, Dong, Roth & Su: μ² = Σ 1/σ_j²), so
+    any number of them is one Gaussian with σ = (Σ_j count_j / σ_j²)^(-1/2). A σ_j of 0 gives 0.
+    """
+    if any(count and sigma == 0.0 for sigma, count in releases):
+        return 0.0
+    total = sum(count / sigma**2 for sigma, count in releases if count)
+    if total <= 0:
+        raise ValueError("need at least one release")
+    return float(total ** -0.5)
+
+
+def _merge(events: Sequence[StepEvent]) -> tuple[StepEvent, ...]:
+    """Canonical form: zero-count events dropped, equal ``(q, sigma)`` merged and sorted, and every
+    plain Gaussian event (q = 1) merged into one exactly equivalent Gaussian, placed last.
+
+    Composition is commutative, so the canonical form has the same epsilon; it makes a run's planned
+    events (σ calibration) and its recorded events (the ledger) the same list.
     """
     counts: dict[tuple[float, float], int] = {}
     for event in events:
@@ -161,7 +177,15 @@ def _merge(events: Sequence[StepEvent]) -> tuple[StepEvent, ...]:
             raise ValueError(f"expected a StepEvent, got {type(event).__name__}")
         if event.count:
             counts[event.key] = counts.get(event.key, 0) + event.count
-    return tuple(StepEvent(q, sigma, n) for (q, sigma), n in counts.items())
+    return _canonical(counts)
+
+
+def _canonical(counts: dict[tuple[float, float], int]) -> tuple[StepEvent, ...]:
+    sampled = [StepEvent(q, sigma, n) for (q, sigma), n in sorted(counts.items()) if q < 1.0]
+    plain = [(sigma, n) for (q, sigma), n in counts.items() if q == 1.0]
+    if plain:
+        sampled.append(StepEvent(1.0, gaussian_equivalent(plain), 1))
+    return tuple(sampled)
 
 
 def pld_discretization_interval(events: Sequence[StepEvent]) -> float:
@@ -367,8 +391,9 @@ class PrivacyLedger:
 
     @property
     def events(self) -> tuple[StepEvent, ...]:
-        """Merged events, in the order their ``(q, sigma)`` was first recorded."""
-        return tuple(StepEvent(q, sigma, n) for (q, sigma), n in self._counts.items())
+        """The recorded events in canonical form (see :func:`compute_epsilon`): the same list a
+        calibration that planned them composes, so the ledger's epsilon equals the planned one."""
+        return _canonical(self._counts)
 
     def record(self, event: StepEvent) -> None:
         """Add ``event`` to the ledger (merged with an earlier event of the same ``(q, sigma)``)."""
@@ -399,13 +424,18 @@ class PrivacyLedger:
             self._acc = _new_accountant(self._accountant_name, discretization or 0.0)
             self._acc_discretization = discretization
             self._composed = {}
-        pending = [
-            StepEvent(q, sigma, n - self._composed.get((q, sigma), 0))
-            for (q, sigma), n in self._counts.items()
-        ]
+        # Subsampled steps compose incrementally; the plain Gaussian releases change their merged σ
+        # every round, so they are composed onto a copy at each evaluation.
+        sampled = {key: n for key, n in self._counts.items() if key[0] < 1.0}
+        pending = [StepEvent(q, sigma, n - self._composed.get((q, sigma), 0)) for (q, sigma), n in sorted(sampled.items())]
         _compose(self._acc, [e for e in pending if e.count])
-        self._composed = dict(self._counts)
-        return _epsilon_of(self._acc, self._delta)
+        self._composed = dict(sampled)
+        plain = [e for e in events if e.sample_rate == 1.0]
+        if not plain:
+            return _epsilon_of(self._acc, self._delta)
+        acc = copy.deepcopy(self._acc)
+        _compose(acc, plain)
+        return _epsilon_of(acc, self._delta)
 
     def _adopt(self, other: PrivacyLedger) -> None:
         """Take ``other``'s evaluated state; both ledgers hold the same events."""

@@ -29,11 +29,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from raysim.config import CLIPPING_MODES
 from raysim.privacy.grad_sample import GradSampleEngine, layer_param_indices, clip_factors
 
 __all__ = ["CLIPPING_MODES", "PrivateGrad", "privatize", "accounting_noise_multiplier", "total_sensitivity"]
 
-CLIPPING_MODES = ("per_sample", "batch", "none")
 
 
 @dataclass

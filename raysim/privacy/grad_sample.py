@@ -36,7 +36,8 @@ from torch import nn
 
 __all__ = [
     "ClippedGrads", "GradSampleEngine", "BookKeepingEngine", "VmapEngine", "ENGINES",
-    "register_engine", "make_engine", "parametrised_layers", "layer_param_indices", "clip_factors", "CLIP_EPS",
+    "register_engine", "make_engine", "parametrised_layers", "layer_param_indices", "layer_slices", "clip_factors",
+    "CLIP_EPS",
 ]
 
 #: Added to a norm before dividing, as in Opacus; an example with norm exactly C is scaled by ≈1.
@@ -103,6 +104,14 @@ def parametrised_layers(model: nn.Module) -> list[nn.Module]:
     """Modules that own parameters directly, in ``model.modules()`` order (the layer order of
     per-layer clip thresholds). Parameters shared between two modules count for the first."""
     return [module for module, _ in _owned_params(model)]
+
+
+def layer_slices(model: nn.Module) -> tuple[tuple[int, int], ...]:
+    """[start, end) of each parametrised layer's parameters in the flat ``parameters_to_vector`` layout."""
+    offsets = [0]
+    for p in model.parameters():
+        offsets.append(offsets[-1] + p.numel())
+    return tuple((offsets[min(ids)], offsets[max(ids) + 1]) for ids in layer_param_indices(model))
 
 
 def layer_param_indices(model: nn.Module) -> list[list[int]]:

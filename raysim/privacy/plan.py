@@ -18,9 +18,9 @@ import numpy as np
 
 from raysim.algorithms.base import MethodSpec
 from raysim.algorithms.registry import resolve_preset
-from raysim.algorithms.uploads import gaussian_sigma_equivalent, gaussian_uploads, not_covered_text
+from raysim.algorithms.uploads import gaussian_uploads, not_covered_text
 from raysim.config import Config, ConfigError
-from raysim.privacy.accounting import StepEvent, calibrate_noise_multiplier, compute_epsilon
+from raysim.privacy.accounting import gaussian_equivalent, StepEvent, calibrate_noise_multiplier, compute_epsilon
 from raysim.privacy.clipping import accounting_noise_multiplier
 
 
@@ -76,7 +76,7 @@ def channels_event(channels: Sequence[SideChannel], rounds: int) -> StepEvent | 
     """All side-channel releases of ``rounds`` rounds as one exactly equivalent Gaussian event."""
     if not channels:
         return None
-    sigma = gaussian_sigma_equivalent([(c.noise_multiplier, c.per_round * rounds) for c in channels])
+    sigma = gaussian_equivalent([(c.noise_multiplier, c.per_round * rounds) for c in channels])
     return StepEvent(1.0, sigma, 1)
 
 

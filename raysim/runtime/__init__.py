@@ -1,8 +1,33 @@
-"""Where clients run. ``serial`` needs no Ray; the Ray modules are imported only when used.
+"""Where clients run: the backends that ``raysim.experiment.run_experiment`` is given.
 
-This package is the only one in raysim that imports ray.
+This package is the only one in raysim that imports ray, and it does so only when a Ray backend
+is chosen. It sits above ``experiment``: it imports it, never the other way round.
 """
 
-from raysim.runtime.serial import SerialExecutor
+from __future__ import annotations
 
-__all__ = ["SerialExecutor"]
+from typing import Any
+
+from raysim.config import Config
+from raysim.experiment import Backend, RunSummary, run_experiment
+
+__all__ = ["backend_for", "execute", "execute_row"]
+
+
+def backend_for(cfg: Config, placement_group: Any = None) -> Backend:
+    """The backend ``runtime.executor`` names: serial (in process) or Ray (``runtime.address``)."""
+    if cfg.runtime.executor == "serial":
+        from raysim.runtime.serial import SerialBackend
+        return SerialBackend()
+    from raysim.runtime.driver import RayBackend
+    return RayBackend(cfg.runtime.address, placement_group)
+
+
+def execute(cfg: Config, results_dir: str, *, placement_group: Any = None, **kwargs: Any) -> RunSummary:
+    """Run ``cfg`` on the backend it names (:func:`backend_for`); ``kwargs`` go to ``run_experiment``."""
+    return run_experiment(cfg, results_dir, backend_for(cfg, placement_group), **kwargs)
+
+
+def execute_row(cfg: Config, results_dir: str, *, sweep_id: str | None = None, placement_group: Any = None) -> dict[str, Any]:
+    """:func:`execute` returning the final runs row: the ``run_one`` a sweep is given."""
+    return execute(cfg, results_dir, sweep_id=sweep_id, placement_group=placement_group).row

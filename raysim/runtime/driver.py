@@ -80,3 +80,17 @@ def run_placement(driver: Any) -> dict[str, str]:
     import json
     nodes = [p["node_id"] for p in ray.get(driver.placements.remote())]
     return {"client_nodes": json.dumps(nodes), "writer_node": ray.get_runtime_context().get_node_id()}
+
+
+class RayBackend:
+    """Runs the simulation in a driver actor on Ray (joining ``address`` or starting a local Ray);
+    ``placement_group`` co-locates the run's actors (sweeps)."""
+
+    def __init__(self, address: str | None = None, placement_group: Any = None) -> None:
+        self.address = address
+        self.placement_group = placement_group
+
+    def start(self, cfg: Config, train: Any, test: Any) -> tuple[SetupRecord, Iterator[RoundRecord], dict[str, Any]]:
+        init_ray(self.address)
+        setup, records, driver = ray_rounds(cfg, train, test, self.placement_group)
+        return setup, records, run_placement(driver)

@@ -17,7 +17,7 @@ import ray
 
 from raysim.client import ClientRunner
 from raysim.config import Config
-from raysim.types import ClientData, ClientResult, ClientTask, RoundPayload
+from raysim.messages import ClientData, ClientResult, ClientTask, RoundPayload
 
 
 @ray.remote
@@ -38,6 +38,11 @@ class ClientActor:
                 "clients": self.runner.client_ids()}
 
 
+def actor_count(cfg: Config) -> int:
+    """Client actors of a run: ``runtime.num_actors`` (default one per client), at most one per client."""
+    return min(cfg.runtime.num_actors or cfg.num_clients, cfg.num_clients)
+
+
 def cpus_per_actor(cfg: Config, num_actors: int) -> float:
     """Configured CPUs per actor, or a share that fits every actor on the cluster at once (≤ 1)."""
     if cfg.runtime.num_cpus_per_client is not None:
@@ -56,7 +61,7 @@ class RayExecutor:
         self.train_ref: list | None = None
 
     def start(self, cfg: Config, clipping: str, train: Any, clients: Sequence[ClientData]) -> None:
-        num_actors = min(cfg.runtime.num_actors or cfg.num_clients, cfg.num_clients)
+        num_actors = actor_count(cfg)
         train_ref = train if isinstance(train, list) else [ray.put(train)]
         # Held for the executor's lifetime: a restarted actor re-runs __init__ with these same
         # arguments, and the train arrays must still exist in the object store then.

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from raysim.client import ClientRunner
 from raysim.config import Config
-from raysim.types import ClientData, ClientResult, ClientTask, RoundPayload
+from raysim.messages import ClientData, ClientResult, ClientTask, RoundPayload
+from raysim.simulation import RoundRecord, SetupRecord, Simulation
 
 
 class SerialExecutor:
@@ -24,3 +25,11 @@ class SerialExecutor:
 
     def shutdown(self) -> None:
         self.runner = None
+
+
+class SerialBackend:
+    """Runs the whole simulation in this process, clients one after another (no Ray)."""
+
+    def start(self, cfg: Config, train: Any, test: Any) -> tuple[SetupRecord, Iterator[RoundRecord], dict[str, Any]]:
+        sim = Simulation(cfg, train, test, SerialExecutor())
+        return sim.setup, sim.run(), {}

@@ -14,16 +14,16 @@ import dataclasses
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raysim.config import Config
-from raysim.experiment import run_id_for
+from raysim.config import run_id_for
 from raysim.runtime.driver import init_ray
-from raysim.runtime.ray_executor import cpus_per_actor
+from raysim.runtime.ray_executor import actor_count, cpus_per_actor
 
 __all__ = ["RunOutcome", "SweepListener", "run_sweep", "size_run"]
 
@@ -54,7 +54,7 @@ def size_run(cfg: Config) -> _Planned:
     r = cfg.runtime
     if r.executor == "serial":
         return _Planned(cfg, [], {"CPU": float(r.torch_threads)})
-    num_actors = min(r.num_actors or cfg.num_clients, cfg.num_clients)
+    num_actors = actor_count(cfg)
     cpus = cpus_per_actor(cfg, num_actors)
     cfg = cfg.replace(runtime=dataclasses.replace(r, num_cpus_per_client=cpus))
     bundle = {"CPU": cpus, **({"GPU": r.num_gpus_per_client} if r.num_gpus_per_client > 0 else {})}
@@ -75,10 +75,15 @@ def default_concurrency(plans: Sequence[_Planned], totals: dict[str, float]) -> 
     return int(max(1, fit if math.isfinite(fit) else 1))
 
 
+#: How a sweep runs one experiment: ``run_one(cfg, results_dir, sweep_id=..., placement_group=...)``
+#: returns the final runs row. The sweep receives it (``raysim.runtime.execute`` adapted by the CLI)
+#: instead of importing the experiment module.
+RunOne = Callable[..., dict[str, Any]]
+
+
 @ray.remote(num_cpus=0, max_retries=0)
-def _run_task(cfg: Config, results_dir: str, sweep_id: str, pg: Any) -> dict[str, Any]:
-    from raysim.experiment import run_experiment
-    return run_experiment(cfg, results_dir, sweep_id=sweep_id, placement_group=pg).row
+def _run_task(run_one: RunOne, cfg: Config, results_dir: str, sweep_id: str, pg: Any) -> dict[str, Any]:
+    return run_one(cfg, results_dir, sweep_id=sweep_id, placement_group=pg)
 
 
 def _error_text(exc: BaseException) -> str:
@@ -91,8 +96,8 @@ def _error_text(exc: BaseException) -> str:
 def _record_failure(results_dir: str, cfg: Config, sweep_id: str, error: str) -> dict[str, Any]:
     """A run that died, or failed before writing its first row (e.g. its data could not be
     partitioned), cannot record its own failure; the sweep does, on the same node."""
-    from raysim.experiment import run_row
     from raysim.results import ResultsSink
+    from raysim.results.rows import run_row
     sink = ResultsSink(results_dir)
     row = sink.read_run(run_id_for(cfg))
     if row is None:
@@ -103,7 +108,8 @@ def _record_failure(results_dir: str, cfg: Config, sweep_id: str, error: str) ->
     return row
 
 
-def run_sweep(configs: Sequence[Config], results_dir: str, sweep_id: str, *, address: str | None = None,
+def run_sweep(configs: Sequence[Config], results_dir: str, sweep_id: str, *, run_one: RunOne,
+              address: str | None = None,
               max_concurrent: int | None = None, listener: SweepListener | None = None,
               poll_seconds: float = 1.0) -> list[RunOutcome]:
     """Run ``configs`` in parallel; returns one outcome per config, in completion order.
@@ -128,7 +134,7 @@ def run_sweep(configs: Sequence[Config], results_dir: str, sweep_id: str, *, add
         options: dict[str, Any] = {"scheduling_strategy": pin}
         if pg is None:
             options["num_cpus"] = plan.demand["CPU"]
-        ref = _run_task.options(**options).remote(plan.cfg, results_dir, sweep_id, pg)
+        ref = _run_task.options(**options).remote(run_one, plan.cfg, results_dir, sweep_id, pg)
         running[ref] = (plan, pg)
         if listener:
             listener.started(run_id_for(plan.cfg))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from raysim.experiment import run_experiment
+from raysim.runtime import execute
 from raysim.results import read_table
 from tests.helpers import tiny_config
 
@@ -25,7 +25,7 @@ def _tables(folder) -> tuple[pd.DataFrame, pd.DataFrame]:
 @pytest.fixture(scope="module")
 def serial_tables(tmp_path_factory):
     folder = tmp_path_factory.mktemp("serial")
-    run_experiment(tiny_config(num_clients=10, method="fedsa", privacy__noise_multiplier=1.0), str(folder))
+    execute(tiny_config(num_clients=10, method="fedsa", privacy__noise_multiplier=1.0), str(folder))
     return _tables(folder)
 
 
@@ -33,7 +33,7 @@ def serial_tables(tmp_path_factory):
 def test_ray_matches_serial_bitwise(ray_session, serial_tables, tmp_path, num_actors):
     cfg = tiny_config(num_clients=10, method="fedsa", privacy__noise_multiplier=1.0,
                       runtime__executor="ray", runtime__num_actors=num_actors)
-    run_experiment(cfg, str(tmp_path))
+    execute(cfg, str(tmp_path))
     rounds, clients = _tables(tmp_path)
     assert len(rounds) == 2 and len(clients) == 20
     pd.testing.assert_frame_equal(rounds, serial_tables[0], check_exact=True)
@@ -41,6 +41,6 @@ def test_ray_matches_serial_bitwise(ray_session, serial_tables, tmp_path, num_ac
 
 
 def test_different_seed_differs(serial_tables, tmp_path):
-    run_experiment(tiny_config(num_clients=10, method="fedsa", privacy__noise_multiplier=1.0, seed=1), str(tmp_path))
+    execute(tiny_config(num_clients=10, method="fedsa", privacy__noise_multiplier=1.0, seed=1), str(tmp_path))
     rounds, _ = _tables(tmp_path)
     assert not rounds["test_loss"].equals(serial_tables[0]["test_loss"])

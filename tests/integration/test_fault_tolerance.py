@@ -7,7 +7,7 @@ import threading
 import pandas as pd
 import pytest
 
-from raysim.experiment import run_experiment
+from raysim.runtime import execute
 from raysim.results import read_table
 from tests.helpers import tiny_config
 
@@ -29,7 +29,7 @@ def test_killed_client_actor_is_restarted_and_results_are_unchanged(ray_session,
 
     # DP-SGD with 3 local epochs: each round takes long enough that round 2 is in flight at the kill.
     settings = dict(method="fedsa", privacy__noise_multiplier=1.0, rounds=3, local_epochs=3)
-    run_experiment(tiny_config(**settings), str(tmp_path / "undisturbed"))   # serial: bitwise = Ray (test_determinism)
+    execute(tiny_config(**settings), str(tmp_path / "undisturbed"))   # serial: bitwise = Ray (test_determinism)
 
     seen: dict[str, object] = {}
     real_ray_rounds = driver_module.ray_rounds
@@ -53,7 +53,7 @@ def test_killed_client_actor_is_restarted_and_results_are_unchanged(ray_session,
             seen["pids_after"] = ray.get([a.where.remote() for a in seen["actors"]])
 
     cfg = tiny_config(**settings, runtime__executor="ray", runtime__num_actors=2)
-    summary = run_experiment(cfg, str(tmp_path / "killed"), on_round=on_round)
+    summary = execute(cfg, str(tmp_path / "killed"), on_round=on_round)
 
     assert summary.row["status"] == "completed" and summary.row["rounds_completed"] == 3
     before, after = seen["pids_before"], seen["pids_after"]

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from raysim.experiment import run_experiment
+from raysim.runtime import execute
 from raysim.results import read_table
 from tests.helpers import tiny_config
 
@@ -19,7 +19,7 @@ SMALL = {"num_clients": 2, "data__partition": "iid"}
 
 
 def _run(tmp_path, method, **kw):
-    summary = run_experiment(tiny_config(method=method, **SMALL, **kw), str(tmp_path))
+    summary = execute(tiny_config(method=method, **SMALL, **kw), str(tmp_path))
     return summary.row, read_table(str(tmp_path), "rounds").sort_values("round"), read_table(str(tmp_path), "clients")
 
 

@@ -25,7 +25,7 @@ from raysim.privacy.accounting import StepEvent, compute_epsilon
 from raysim.privacy.clipping import PrivateGrad
 from raysim.privacy.plan import not_covered, plan_noise, side_channels
 from raysim.rng import np_generator
-from raysim.types import ClientResult, ClientTask, RoundPayload
+from raysim.messages import ClientResult, ClientTask, RoundPayload
 
 
 def _cfg(**sections):

@@ -10,7 +10,7 @@ import pytest
 
 from raysim.algorithms.registry import get_method, resolve_preset
 from raysim.config import ConfigError
-from raysim.experiment import run_experiment
+from raysim.runtime import execute
 from raysim.results import read_table
 from tests.helpers import tiny_config
 
@@ -21,7 +21,7 @@ COLUMNS = ["update_norm", "update_norm_per_step", "val_f1", "val_f1_ema", "updat
 
 def _run(tmp_path_factory, method: str, rounds: int = 2, **kw) -> tuple[pd.DataFrame, pd.DataFrame]:
     folder = tmp_path_factory.mktemp(method)
-    run_experiment(tiny_config(method=method, rounds=rounds, privacy__epsilon=8, **kw), str(folder))
+    execute(tiny_config(method=method, rounds=rounds, privacy__epsilon=8, **kw), str(folder))
     clients = read_table(str(folder), "clients").sort_values(["round", "client_id"]).reset_index(drop=True)
     rounds_ = read_table(str(folder), "rounds").sort_values("round").reset_index(drop=True)
     return rounds_, clients
@@ -118,7 +118,7 @@ def test_all_switches_off_is_fedsa_bit_for_bit(tmp_path_factory):
 def test_every_switch_combination_runs(tmp_path, lldm, adpc, cra):
     cfg = tiny_config(method="feddimdp", rounds=1, privacy__epsilon=8, feddimdp__lldm=lldm, feddimdp__adpc=adpc,
                       feddimdp__cra=cra)
-    run_experiment(cfg, str(tmp_path))
+    execute(cfg, str(tmp_path))
     runs = read_table(str(tmp_path), "runs")
     assert runs["status"].tolist() == ["completed"] and runs["epsilon"].item() <= 8.0 + 1e-9
     clients = read_table(str(tmp_path), "clients")
@@ -131,20 +131,20 @@ def test_server_val_f1_scores_uploads_on_the_public_holdout(tmp_path_factory):
     r, c = _run(tmp_path_factory, "feddimdp", cra__utility="server_val_f1", data__server_holdout=100)
     assert c["val_f1"].between(0, 1).all() and c["robust_weight"].notna().all()
     folder = tmp_path_factory.mktemp("svf1")
-    run_experiment(tiny_config(method="feddimdp", rounds=1, privacy__epsilon=8, cra__utility="server_val_f1",
+    execute(tiny_config(method="feddimdp", rounds=1, privacy__epsilon=8, cra__utility="server_val_f1",
                                data__server_holdout=100), str(folder))
     runs = read_table(str(folder), "runs")
     assert "val_f1" not in runs["not_covered_by_epsilon"].item()   # post-processing on public data
     # The hold-out belongs to no client: 100 fewer training images in all.
     full = read_table(str(folder), "partitions")
     base = tmp_path_factory.mktemp("base")
-    run_experiment(tiny_config(method="feddimdp", rounds=1, privacy__epsilon=8), str(base))
+    execute(tiny_config(method="feddimdp", rounds=1, privacy__epsilon=8), str(base))
     part = read_table(str(base), "partitions")
     assert full["count"].sum() == part["count"].sum() - 100
 
 
 def test_batch_clipping_with_the_default_statistic_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="update_norm\\|update_norm_per_step\\|update_norm_denoised"):
-        run_experiment(tiny_config(method="feddimdp", privacy__epsilon=8, privacy__clipping="batch"), str(tmp_path))
-    run_experiment(tiny_config(method="feddimdp", rounds=1, privacy__epsilon=8, privacy__clipping="batch",
+        execute(tiny_config(method="feddimdp", privacy__epsilon=8, privacy__clipping="batch"), str(tmp_path))
+    execute(tiny_config(method="feddimdp", rounds=1, privacy__epsilon=8, privacy__clipping="batch",
                                adpc__statistic="update_norm_denoised"), str(tmp_path))

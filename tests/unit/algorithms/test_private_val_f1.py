@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from raysim.experiment import run_experiment
+from raysim.runtime import execute
 from raysim.privacy.accounting import StepEvent, compute_epsilon
 from raysim.results import read_table
 from tests.helpers import tiny_config
@@ -15,8 +15,8 @@ def test_private_val_f1_is_accounted(tmp_path):
     # ADPC off, so that q_i is the only release besides DP-SGD.
     cfg = tiny_config(method="feddimdp", rounds=1, privacy__noise_multiplier=1.0, feddimdp__adpc=False,
                       cra__private_val_f1=True, cra__val_f1_noise_multiplier=sigma_f1)
-    run_experiment(cfg, str(tmp_path / "private"))
-    run_experiment(tiny_config(method="feddimdp", rounds=1, privacy__noise_multiplier=1.0, feddimdp__adpc=False),
+    execute(cfg, str(tmp_path / "private"))
+    execute(tiny_config(method="feddimdp", rounds=1, privacy__noise_multiplier=1.0, feddimdp__adpc=False),
                    str(tmp_path / "plain"))
     private = read_table(str(tmp_path / "private"), "clients").sort_values("client_id")
     plain = read_table(str(tmp_path / "plain"), "clients").sort_values("client_id")

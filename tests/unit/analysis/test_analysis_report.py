@@ -24,7 +24,7 @@ from analysis.load import Results
 from analysis.paper import PAPER_TABLE1, PAPER_TABLE2
 from analysis.tables import MISSING
 from raysim.cli import main
-from raysim.experiment import run_experiment
+from raysim.runtime import execute
 from raysim.results.schema import SCHEMAS
 from tests.helpers import tiny_config
 
@@ -35,7 +35,7 @@ ABLATION_ROWS = ["FedDimDP", "FedDimDP w/o-CRA", "FedDimDP w/o-ADPC", "FedDimDP 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory) -> SimpleNamespace:
     folder = tmp_path_factory.mktemp("sweep")
-    fedavg = [run_experiment(tiny_config(method="fedavg", seed=s), str(folder)).run_id for s in (0, 1)]
+    fedavg = [execute(tiny_config(method="fedavg", seed=s), str(folder)).run_id for s in (0, 1)]
 
     def on_round(rec) -> None:
         # the run's row says "running" with 1 of 3 rounds: report on it as a live sweep would,
@@ -44,8 +44,8 @@ def sweep(tmp_path_factory) -> SimpleNamespace:
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run_experiment(tiny_config(method="fedavg", seed=7, rounds=3), str(folder), on_round=on_round)
-    dimdp = run_experiment(tiny_config(method="feddimdp", privacy__epsilon=8), str(folder)).run_id
+        execute(tiny_config(method="fedavg", seed=7, rounds=3), str(folder), on_round=on_round)
+    dimdp = execute(tiny_config(method="feddimdp", privacy__epsilon=8), str(folder)).run_id
     runs = pd.read_parquet(folder / "runs")
     failed = runs.loc[runs["status"] == "failed", "run_id"].tolist()
     return SimpleNamespace(folder=str(folder), fedavg=fedavg, feddimdp=dimdp, failed=failed,

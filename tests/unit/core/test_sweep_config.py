@@ -11,7 +11,7 @@ import yaml
 
 from raysim.cli import main
 from raysim.config import ConfigError
-from raysim.experiment import run_id_for
+from raysim.config import run_id_for
 from raysim.results import ResultsSink
 from raysim.sweep import check_sweep, expand_sweep, load_sweep
 
