@@ -1,10 +1,10 @@
-"""Terminal output: a progress bar per run and a final summary table."""
+"""Terminal output of ``raysim run``: a progress bar per run."""
 
 from __future__ import annotations
 
 import math
 import sys
-from typing import Any, Sequence
+from typing import Any
 
 from tqdm import tqdm
 
@@ -36,21 +36,3 @@ class RunProgress:
 
     def __exit__(self, *exc: Any) -> None:
         self.bar.close()
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return "∞" if math.isinf(v) else f"{v:.4f}"
-    return "" if v is None else str(v)
-
-
-def print_summary(rows: Sequence[dict[str, Any]], results_dir: str) -> None:
-    cols = [("run_id", "run_id"), ("method", "method"), ("dataset", "dataset"), ("final_test_accuracy", "accuracy"),
-            ("final_test_f1", "macro-F1"), ("epsilon", "ε"), ("wall_seconds", "wall s")]
-    table = [[_fmt(r.get(k)) for k, _ in cols] for r in rows]
-    widths = [max(len(h), *(len(t[i]) for t in table)) for i, (_, h) in enumerate(cols)]
-    print("  ".join(h.ljust(w) for (_, h), w in zip(cols, widths)))
-    for t in table:
-        print("  ".join(v.ljust(w) for v, w in zip(t, widths)))
-    print(f"\nResults (Parquet): {results_dir}/runs, {results_dir}/rounds, {results_dir}/clients, {results_dir}/partitions")
-    print(f"  pandas: pd.read_parquet('{results_dir}/rounds')")

@@ -224,7 +224,7 @@ def test_report_without_runs_is_one_line_error(tmp_path, capsys):
 
 
 def test_analysis_never_imports_ray():
-    code = ("import sys, analysis, analysis.plots, analysis.report, raysim.report_cli; "
+    code = ("import sys, analysis, analysis.plots, analysis.report, raysim.cli.report; "
             "sys.exit(1 if 'ray' in sys.modules else 0)")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     assert subprocess.run([sys.executable, "-c", code], env=env).returncode == 0

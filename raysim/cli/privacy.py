@@ -1,8 +1,10 @@
 """``raysim privacy ...``: epsilon of a DP-SGD run, or the noise multiplier that reaches a target.
 
 Both commands describe one client doing ``--steps`` Poisson-subsampled Gaussian steps (record-level DP,
-add/remove-one neighbours) and delegate to :mod:`raysim.privacy.accounting`. Bad values raise
-``ValueError`` with a one-line message; the main CLI prints it as ``raysim: error: ...`` (exit 2).
+add/remove-one neighbours) and delegate to :mod:`raysim.privacy.accounting`, imported when a command
+runs (dp_accounting and scipy take a second to load; ``raysim --help`` need not wait for them). Bad
+values raise ``ValueError`` with a one-line message; the main CLI prints it as ``raysim: error: ...``
+(exit 2).
 """
 
 from __future__ import annotations
@@ -11,12 +13,12 @@ import argparse
 import json
 import math
 
-from raysim.privacy.accounting import ACCOUNTANTS, calibrate_noise_multiplier, compute_epsilon_steps
+# = raysim.privacy.accounting.ACCOUNTANTS (tests/unit/privacy/test_privacy_cli.py checks), spelled out so
+# that building the parser does not import the accountant.
+ACCOUNTANTS = ("pld", "rdp")
 
-__all__ = ["add_privacy_subparser"]
 
-
-def add_privacy_subparser(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``privacy`` command (sub-commands ``epsilon`` and ``calibrate``) to ``subparsers``."""
     privacy = subparsers.add_parser(
         "privacy",
@@ -31,14 +33,14 @@ def add_privacy_subparser(subparsers: argparse._SubParsersAction) -> None:
     epsilon.add_argument("--noise-multiplier", type=float, required=True, metavar="S",
                          help="noise std / clipping norm (sigma); 0 means no privacy")
     _add_common_arguments(epsilon)
-    epsilon.set_defaults(func=_epsilon_command)
+    epsilon.set_defaults(func=cmd_epsilon)
 
     calibrate = commands.add_parser("calibrate", help="smallest noise multiplier that keeps epsilon <= target")
     _add_run_arguments(calibrate)
     calibrate.add_argument("--target-epsilon", type=float, required=True, metavar="E",
                            help="epsilon the whole run may spend")
     _add_common_arguments(calibrate)
-    calibrate.set_defaults(func=_calibrate_command)
+    calibrate.set_defaults(func=cmd_calibrate)
 
 
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -81,8 +83,9 @@ def _round_up(value: float, digits: int = 6) -> float:
     return math.ceil(value * scale) / scale
 
 
-def _epsilon_command(args: argparse.Namespace) -> int:
+def cmd_epsilon(args: argparse.Namespace) -> int:
     _validate(args)
+    from raysim.privacy.accounting import compute_epsilon_steps
     eps = compute_epsilon_steps(args.sample_rate, args.noise_multiplier, args.steps, args.delta, args.accountant)
     if args.json:
         print(json.dumps({
@@ -98,8 +101,9 @@ def _epsilon_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _calibrate_command(args: argparse.Namespace) -> int:
+def cmd_calibrate(args: argparse.Namespace) -> int:
     _validate(args)
+    from raysim.privacy.accounting import calibrate_noise_multiplier, compute_epsilon_steps
     sigma = calibrate_noise_multiplier(
         args.target_epsilon, args.delta, [(args.sample_rate, args.steps)], args.accountant
     )

@@ -3,14 +3,27 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
+from raysim.cli.common import add_run_options, print_table
 from raysim.config import Config, ConfigError
 from raysim.sweep import Sweep, check_sweep, load_sweep, read_statuses, run_label
+
+SWEEP_COLUMNS = [("run_id", "run_id"), ("alpha", "α"), ("status", "status"), ("final_test_accuracy", "accuracy"),
+                 ("final_test_f1", "macro-F1"), ("epsilon", "ε"), ("wall_seconds", "wall s")]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("sweep", help="run a grid of experiments in parallel on Ray (resumable)")
+    p.add_argument("sweep", help="sweep YAML: base config + grid of dotted keys (+ overrides)")
+    add_run_options(p)
+    p.add_argument("--max-concurrent", type=int, default=None, metavar="N",
+                   help="runs in flight at once (default: as many as fit the cluster's resources)")
+    p.add_argument("--dry-run", action="store_true", help="list the runs and their status, run nothing")
+    p.set_defaults(func=cmd_sweep)
 
 
 class SweepProgress:
@@ -77,24 +90,10 @@ class SweepProgress:
         self.bar.close()
 
 
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return "∞" if math.isinf(v) else ("" if math.isnan(v) else f"{v:.4f}")
-    return "" if v is None else str(v)
-
-
 def print_sweep_summary(sweep: Sweep, rows: dict[str, dict[str, Any] | None], results_dir: str) -> int:
     """The table of every run of the sweep; returns how many are not completed."""
-    cols = [("run_id", "run_id"), ("alpha", "α"), ("status", "status"), ("final_test_accuracy", "accuracy"),
-            ("final_test_f1", "macro-F1"), ("epsilon", "ε"), ("wall_seconds", "wall s")]
-    table = []
-    for run_id in sweep.run_ids:
-        row = rows.get(run_id) or {"run_id": run_id, "status": "missing"}
-        table.append([_fmt(row.get(k)) for k, _ in cols])
-    widths = [max(len(h), *(len(t[i]) for t in table)) for i, (_, h) in enumerate(cols)]
-    print("  ".join(h.ljust(w) for (_, h), w in zip(cols, widths)))
-    for t in table:
-        print("  ".join(v.ljust(w) for v, w in zip(t, widths)))
+    print_table([rows.get(run_id) or {"run_id": run_id, "status": "missing"} for run_id in sweep.run_ids],
+                SWEEP_COLUMNS)
     bad = [(cfg, run_id, rows.get(run_id) or {}) for cfg, run_id in zip(sweep.configs, sweep.run_ids)
            if (rows.get(run_id) or {}).get("status") != "completed"]
     if bad:
@@ -144,13 +143,3 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             progress.close()
     failed = print_sweep_summary(sweep, read_statuses(sweep, results_dir), results_dir)
     return 1 if failed else 0
-
-
-def add_subparser(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
-    p = sub.add_parser("sweep", help="run a grid of experiments in parallel on Ray (resumable)")
-    p.add_argument("sweep", help="sweep YAML: base config + grid of dotted keys (+ overrides)")
-    add_common(p)
-    p.add_argument("--max-concurrent", type=int, default=None, metavar="N",
-                   help="runs in flight at once (default: as many as fit the cluster's resources)")
-    p.add_argument("--dry-run", action="store_true", help="list the runs and their status, run nothing")
-    p.set_defaults(func=cmd_sweep)

@@ -1,0 +1,21 @@
+"""``raysim methods``: the registered methods, one line each."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("methods", help="list the registered methods")
+    p.set_defaults(func=cmd_methods)
+
+
+def cmd_methods(args: argparse.Namespace) -> int:
+    from raysim.algorithms.registry import all_methods
+    specs = all_methods()
+    width = max(len(s.name) for s in specs)
+    for s in specs:
+        kind = "DP " if s.private else "   "
+        print(f"{s.name:<{width}}  {kind} {s.summary}")
+    print("\nDP = differentially private by default; the others take privacy.epsilon to become DP variants.")
+    return 0

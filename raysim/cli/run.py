@@ -1,0 +1,45 @@
+"""``raysim run CONFIG.yaml``: one experiment (or one per method if ``method`` is a list), then a summary."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Sequence
+
+from raysim.cli.common import add_run_options, print_table
+from raysim.config import apply_overrides, cli_overrides, config_from_dict, read_yaml
+
+RUN_COLUMNS = [("run_id", "run_id"), ("method", "method"), ("dataset", "dataset"),
+               ("final_test_accuracy", "accuracy"), ("final_test_f1", "macro-F1"), ("epsilon", "ε"),
+               ("wall_seconds", "wall s")]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("run", help="run one experiment (or one per method if `method` is a list)")
+    p.add_argument("config", help="YAML config file")
+    add_run_options(p)
+    p.set_defaults(func=cmd_run)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from raysim.experiment import prepare
+    from raysim.runtime import execute
+    from raysim.progress import RunProgress
+    values = apply_overrides(read_yaml(args.config),
+                             cli_overrides(list(args.overrides), args.data_root, args.address))
+    methods = values.get("method", "fedavg")
+    methods = methods if isinstance(methods, list) else [methods]
+    configs = [config_from_dict({**values, "method": m}) for m in methods]
+    data = [prepare(cfg) for cfg in configs]   # every user error surfaces before anything runs
+    rows = []
+    for cfg, pair in zip(configs, data):
+        with RunProgress(cfg) as progress:
+            summary = execute(cfg, args.results_dir, on_setup=progress.setup, on_round=progress.round, data=pair)
+        rows.append(summary.row)
+    print_run_summary(rows, args.results_dir)
+    return 0
+
+
+def print_run_summary(rows: Sequence[dict[str, Any]], results_dir: str) -> None:
+    print_table(rows, RUN_COLUMNS)
+    print(f"\nResults (Parquet): {results_dir}/runs, {results_dir}/rounds, {results_dir}/clients, {results_dir}/partitions")
+    print(f"  pandas: pd.read_parquet('{results_dir}/rounds')")
