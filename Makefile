@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: run test test-slow install install-dev clean
+.PHONY: run test test-slow test-cluster install install-dev clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,9 +25,13 @@ install-dev: $(VENV)/.installed-dev
 run: install
 	$(BIN)/raysim run experiments/quickstart.yaml
 
-# The suite CI runs (about 10 minutes on 2 cores); `make test-slow` adds the long accountant grids.
+# Fast default suite (unit + single-process integration tests); `make test-cluster` runs the
+# multi-process Ray cluster and kill-and-resume tests, `make test-slow` the long accountant grids.
 test: install-dev
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow and not cluster" --durations=15
+
+test-cluster: install-dev
+	$(BIN)/python -m pytest -q -m "cluster and not slow"
 
 test-slow: install-dev
 	$(BIN)/python -m pytest -q -m slow

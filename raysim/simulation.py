@@ -53,7 +53,6 @@ class SetupRecord:
     clipping: str
     noise_multipliers: list[float]
     not_covered_by_epsilon: str
-    setup_seconds: float
 
 
 @dataclass
@@ -103,7 +102,6 @@ class Simulation:
 
     def __init__(self, cfg: Config, train: ArrayDataset, test: ArrayDataset, executor: Executor,
                  train_handle: Any = None) -> None:
-        start = time.perf_counter()
         torch.set_num_threads(cfg.runtime.torch_threads)
         cfg = resolve_preset(cfg)
         self.cfg = cfg
@@ -138,8 +136,7 @@ class Simulation:
         self.client_states: dict[int, Any] = {}
         executor.start(cfg, self.clipping, train if train_handle is None else train_handle, self.clients)
         self.setup = SetupRecord(pd.concat(stats, ignore_index=True), count_parameters(self.model), self.clipping,
-                                 [float(s) for s in self.sigmas], not_covered(self.spec, cfg, self.clipping),
-                                 time.perf_counter() - start)
+                                 [float(s) for s in self.sigmas], not_covered(self.spec, cfg, self.clipping))
 
     def _holdout_scorer(self, train: ArrayDataset, held: np.ndarray):
         """macro-F1 of flat weights on the public hold-out (post-processing of DP outputs on public data)."""

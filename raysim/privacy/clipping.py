@@ -41,7 +41,7 @@ class PrivateGrad:
     """One step's gradient estimate and its (non-private) logging statistics.
 
     Only ``grads`` is a DP output. ``loss_mean``, ``batch_size``, ``num_clipped``,
-    ``frac_clipped`` and ``per_layer_norm_mean`` are computed from raw private data and are not
+    ``frac_clipped`` and ``per_example_norms`` are computed from raw private data and are not
     covered by the accountant: log them locally, and a method that uploads them or sets
     thresholds from them opens a side channel that must be reported (SPEC §2).
     """
@@ -56,9 +56,6 @@ class PrivateGrad:
     """per_sample: examples whose norm exceeded C; batch: the batch size if the mean gradient was
     clipped, else 0; none: 0."""
     frac_clipped: float
-    per_layer_norm_mean: list[float]
-    """per_sample: mean over examples of the per-example, per-layer gradient norms; batch/none:
-    per-layer norms of the (unclipped) batch-mean gradient. One value per parametrised layer."""
     per_example_norms: torch.Tensor | None = None
     """per_sample: (B,) pre-clipping per-example gradient norms (raw private data); None otherwise."""
 
@@ -147,18 +144,15 @@ def privatize(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, mode: str,
         std = noise_multiplier * total_sensitivity(clip_norm, per_layer)
         noise = _gaussian_like(res.grads, std, generator)
         grads = [(g + n) / expected_batch_size for g, n in zip(res.grads, noise)]
-        per_layer_mean = res.per_layer_norms.mean(dim=0) if batch else res.per_layer_norms.new_zeros(len(groups))
         return PrivateGrad(grads=grads, loss_mean=res.loss_sum / batch if batch else 0.0, batch_size=batch,
                            num_clipped=res.num_clipped, frac_clipped=res.num_clipped / batch if batch else 0.0,
-                           per_layer_norm_mean=[float(v) for v in per_layer_mean],
                            per_example_norms=res.per_example_norms)
 
     grads, loss_mean = _mean_gradient(model, x, y)
+    if mode == "none":
+        return PrivateGrad(grads=grads, loss_mean=loss_mean, batch_size=batch, num_clipped=0, frac_clipped=0.0)
     with torch.no_grad():
         norms = _layer_norms(grads, groups)
-        if mode == "none":
-            return PrivateGrad(grads=grads, loss_mean=loss_mean, batch_size=batch, num_clipped=0,
-                               frac_clipped=0.0, per_layer_norm_mean=[float(v) for v in norms])
         factors, clipped = clip_factors(norms.unsqueeze(0), clip_norm, per_layer)
         layer_of = {j: k for k, ids in enumerate(groups) for j in ids}
         std = noise_multiplier * total_sensitivity(clip_norm, per_layer)
@@ -167,5 +161,4 @@ def privatize(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, mode: str,
                for j, (g, n) in enumerate(zip(grads, noise))]
     num_clipped = batch if clipped else 0
     return PrivateGrad(grads=out, loss_mean=loss_mean, batch_size=batch, num_clipped=num_clipped,
-                       frac_clipped=float(bool(clipped)) if batch else 0.0,
-                       per_layer_norm_mean=[float(v) for v in norms])
+                       frac_clipped=float(bool(clipped)) if batch else 0.0)

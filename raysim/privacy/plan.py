@@ -88,7 +88,7 @@ def round_events(q: float, steps: int, sigma: float, factor: float, channels: Se
 
 
 def calibrate_sigma(cfg: Config, q: float, steps: int, schedule: np.ndarray, factor: float,
-                    channels: Sequence[SideChannel]) -> float:
+                    channels: Sequence[SideChannel], hint: float | None = None) -> float:
     """Smallest σ such that the planned run of this client ends at ε ≤ target (through the accountant).
 
     The side channels of all rounds are one Gaussian event (exact, :func:`channels_event`), and rounds
@@ -104,7 +104,8 @@ def calibrate_sigma(cfg: Config, q: float, steps: int, schedule: np.ndarray, fac
                           f"privacy.epsilon={p.epsilon}; raise their noise multipliers")
     scales, counts = np.unique(np.asarray(schedule, dtype=np.float64), return_counts=True)
     return calibrate_noise_multiplier(p.epsilon, p.delta, [(q, steps * int(c)) for c in counts], p.accountant,
-                                      sigma_schedule=[float(s * factor) for s in scales], extra_events=fixed)
+                                      sigma_schedule=[float(s * factor) for s in scales], extra_events=fixed,
+                                      hint=hint)
 
 
 def plan_noise(spec: MethodSpec, cfg: Config, clipping: str, q: np.ndarray, steps: np.ndarray) -> np.ndarray:
@@ -116,11 +117,10 @@ def plan_noise(spec: MethodSpec, cfg: Config, clipping: str, q: np.ndarray, step
     schedule = spec.server.sigma_schedule(cfg)
     factor = accounting_factor(clipping, spec.client.releases_for(cfg))
     channels = side_channels(spec, cfg)
-    cache: dict[tuple[float, int], float] = {}
-    out = np.empty(len(q))
-    for i, (qi, si) in enumerate(zip(q, steps)):
-        key = (float(qi), int(si))
-        if key not in cache:
-            cache[key] = calibrate_sigma(cfg, key[0], key[1], schedule, factor, channels)
-        out[i] = cache[key]
-    return out
+    # Clients in order of their sample rate, each search started from its neighbour's answer.
+    keys = sorted({(float(qi), int(si)) for qi, si in zip(q, steps)})
+    found: dict[tuple[float, int], float] = {}
+    previous = None
+    for key in keys:
+        found[key] = previous = calibrate_sigma(cfg, key[0], key[1], schedule, factor, channels, hint=previous)
+    return np.array([found[(float(qi), int(si))] for qi, si in zip(q, steps)])

@@ -39,6 +39,7 @@ def _runs(results: Path) -> pd.DataFrame:
     return read_table(str(results), "runs").set_index("run_id")
 
 
+@pytest.mark.cluster
 def test_killed_sweep_resumes_without_redoing_or_duplicating(ray_session, tmp_path, capsys):
     results = tmp_path / "results"
     ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")

@@ -194,7 +194,7 @@ class _Quadratic:
         self.points.append(w)
         grad = self.a.T @ self.a @ w.reshape(-1)
         return PrivateGrad(grads=[grad.reshape(w.shape)], loss_mean=float(0.5 * (self.a @ w.reshape(-1)).pow(2).sum()),
-                           batch_size=1, num_clipped=0, frac_clipped=0.0, per_layer_norm_mean=[])
+                           batch_size=1, num_clipped=0, frac_clipped=0.0)
 
 
 def _sam_setup(mode, rho=0.1):

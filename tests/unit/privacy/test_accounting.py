@@ -286,7 +286,18 @@ def test_ledger_merges_equal_events():
         ledger.record(StepEvent(0.01, 1.0, 70))
         ledger.record(StepEvent(1.0, 10.0, 1))  # a noised side channel each round
     ledger.record(StepEvent(0.01, 1.0, 0))
-    assert ledger.events == (StepEvent(0.01, 1.0, 210), StepEvent(1.0, 10.0, 3))
+    # Equal subsampled events add their counts; the plain Gaussian releases (q = 1) compose exactly
+    # into one Gaussian with σ = 10/√3 (μ-GDP), placed last.
+    (sampled, plain) = ledger.events
+    assert sampled == StepEvent(0.01, 1.0, 210)
+    assert (plain.sample_rate, plain.count) == (1.0, 1) and plain.noise_multiplier == pytest.approx(10.0 / math.sqrt(3))
+    separate = compute_epsilon([StepEvent(0.01, 1.0, 210)] + [StepEvent(1.0, 10.0, 1)] * 3, DELTA, "rdp")
+    assert ledger.epsilon() == pytest.approx(separate, rel=1e-9)
+    # ...which is what dp_accounting gives for the three releases composed one by one.
+    acc = rdp_privacy_accountant.RdpAccountant()
+    acc.compose(dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.0)), 210)
+    acc.compose(dp_accounting.GaussianDpEvent(10.0), 3)
+    assert ledger.epsilon() == pytest.approx(acc.get_epsilon(DELTA), rel=1e-6)
 
 
 @pytest.mark.parametrize("accountant, rel", [("pld", 1e-2), ("rdp", 1e-6)])
@@ -318,8 +329,8 @@ def test_ledger_incremental_equals_from_scratch(accountant):
 
 def test_ledger_caches_until_record(monkeypatch):
     calls = []
-    real = accounting._compose
-    monkeypatch.setattr(accounting, "_compose", lambda acc, events: (calls.append(events), real(acc, events)))
+    real = PrivacyLedger._evaluate
+    monkeypatch.setattr(PrivacyLedger, "_evaluate", lambda self: (calls.append(self.events), real(self))[1])
     ledger = PrivacyLedger(DELTA, "rdp")
     assert ledger.epsilon() == 0.0
     ledger.record(StepEvent(0.02, 1.0, 100))
@@ -354,8 +365,8 @@ def test_ledger_rejects_bad_arguments():
 @pytest.mark.parametrize("accountant", ACCOUNTANTS)
 def test_epsilon_many_dedups_and_matches(monkeypatch, accountant):
     calls = []
-    real = accounting._compose
-    monkeypatch.setattr(accounting, "_compose", lambda acc, events: (calls.append(events), real(acc, events)))
+    real = PrivacyLedger._evaluate
+    monkeypatch.setattr(PrivacyLedger, "_evaluate", lambda self: (calls.append(self.events), real(self))[1])
     rates = [0.01] * 7 + [0.02] * 3
     ledgers = [PrivacyLedger(DELTA, accountant) for _ in rates]
     for server_round in range(2):

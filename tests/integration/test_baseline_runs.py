@@ -1,4 +1,5 @@
-"""Every baseline runs end to end (serial executor, digits, 2 rounds) under the shared DP setting."""
+"""Method-specific facts of the baselines, read from real (serial) runs; the generic contract (runs,
+ε ≤ target, determinism, declared releases) is tests/unit/algorithms/test_method_contract.py."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from raysim.runtime import execute
 from raysim.results import read_table
 from tests.helpers import tiny_config
 
-DP_METHODS = ("dp-fedsam", "dp-acdn", "fedacg", "awdp-fl", "dp-fedavg-adaptive")
+DP_METHODS = ("dp-acdn", "awdp-fl", "dp-fedavg-adaptive")
 NON_PRIVATE = ("fedprox", "scaffold")
 # Two equal iid clients share one σ calibration, which keeps these runs short.
 SMALL = {"num_clients": 2, "data__partition": "iid"}
@@ -24,12 +25,9 @@ def _run(tmp_path, method, **kw):
 
 
 @pytest.mark.parametrize("method", DP_METHODS)
-def test_dp_baseline_completes_within_budget(tmp_path, method):
-    row, rounds, clients = _run(tmp_path, method, privacy__epsilon=8)
-    assert row["status"] == "completed" and row["rounds_completed"] == 2
-    assert row["clipping"] == "per_sample"
-    assert 7.9 <= row["epsilon"] <= 8.0
-    assert (rounds["epsilon"] <= 8.0).all() and np.isfinite(rounds["test_accuracy"]).all()
+def test_dp_baseline_server_rules(tmp_path, method):
+    row, rounds, clients = _run(tmp_path, method, privacy__noise_multiplier=1.0)
+    assert row["status"] == "completed" and row["rounds_completed"] == 2 and row["clipping"] == "per_sample"
     if method == "dp-fedavg-adaptive":
         assert rounds["clip_norm"].iloc[0] == 1.0
         assert rounds["clip_norm"].iloc[1] == pytest.approx(rounds["next_clip_norm"].iloc[0])
@@ -49,8 +47,3 @@ def test_non_private_baseline_completes(tmp_path, method):
     assert row["status"] == "completed" and row["clipping"] == "none"
     assert math.isinf(row["epsilon"]) or math.isnan(row["epsilon"])
     assert np.isfinite(rounds["test_accuracy"]).all()
-
-
-def test_scaffold_dp_variant(tmp_path):
-    row, _, _ = _run(tmp_path, "scaffold", privacy__epsilon=8)
-    assert row["status"] == "completed" and row["clipping"] == "per_sample" and row["epsilon"] <= 8.0
