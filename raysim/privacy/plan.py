@@ -10,6 +10,7 @@ exceeding it.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -103,9 +104,17 @@ def calibrate_sigma(cfg: Config, q: float, steps: int, schedule: np.ndarray, fac
         raise ConfigError(f"the side channels alone ({', '.join(c.name for c in channels)}) spend more than "
                           f"privacy.epsilon={p.epsilon}; raise their noise multipliers")
     scales, counts = np.unique(np.asarray(schedule, dtype=np.float64), return_counts=True)
-    return calibrate_noise_multiplier(p.epsilon, p.delta, [(q, steps * int(c)) for c in counts], p.accountant,
-                                      sigma_schedule=[float(s * factor) for s in scales], extra_events=fixed,
-                                      hint=hint)
+    return _calibrate(float(p.epsilon), float(p.delta), p.accountant, tuple((float(q), steps * int(c)) for c in counts),
+                      tuple(float(s * factor) for s in scales), tuple(fixed), hint)
+
+
+@functools.lru_cache(maxsize=512)
+def _calibrate(epsilon: float, delta: float, accountant: str, shape: tuple[tuple[float, int], ...],
+               multipliers: tuple[float, ...], fixed: tuple[StepEvent, ...], hint: float | None) -> float:
+    # A pure function of its (hashable) arguments, the hint included, so remembering it changes no
+    # result; runs that share a privacy plan (the methods of a sweep on one partition) calibrate once.
+    return calibrate_noise_multiplier(epsilon, delta, list(shape), accountant, sigma_schedule=list(multipliers),
+                                      extra_events=fixed, hint=hint)
 
 
 def plan_noise(spec: MethodSpec, cfg: Config, clipping: str, q: np.ndarray, steps: np.ndarray) -> np.ndarray:

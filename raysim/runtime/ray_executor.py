@@ -10,6 +10,7 @@ retried task returns exactly the same result.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Sequence
 
@@ -48,7 +49,8 @@ def cpus_per_actor(cfg: Config, num_actors: int) -> float:
     if cfg.runtime.num_cpus_per_client is not None:
         return float(cfg.runtime.num_cpus_per_client)
     total = ray.cluster_resources().get("CPU", 1.0)
-    return max(0.01, round(min(1.0, total / num_actors), 4))
+    # Rounded *down*: 2 CPUs / 3 actors must not ask for 3 × 0.6667 > 2 (the last actor would never start).
+    return max(0.01, math.floor(min(1.0, total / num_actors) * 1e4) / 1e4)
 
 
 class RayExecutor:

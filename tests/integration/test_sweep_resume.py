@@ -99,6 +99,7 @@ def test_killed_sweep_resumes_without_redoing_or_duplicating(ray_session, tmp_pa
     assert "4 runs, 4 already completed, 0 to run" in capsys.readouterr().out
 
 
+@pytest.mark.cluster
 def test_failed_run_is_listed_and_exit_code_is_1(ray_session, tmp_path, capsys):
     sweep_file = tmp_path / "s.yaml"
     sweep_file.write_text(yaml.safe_dump({
