@@ -7,7 +7,8 @@ Runs, for each seed, on experiments/quickstart.yaml (digits, 10 clients, α = 0.
 * ``fedsa`` itself (must equal 000 bit for bit) and ``dp-fedavg-adaptive``;
 * full FedDimDP with ``cra.utility=server_val_f1`` on a public hold-out, next to ``local_val_f1`` on the
   same partition (the hold-out removed in both);
-* full FedDimDP with ``adpc.quantile`` ∈ {0.1, 0.25, 0.75} (0.5 is the default run above).
+* full FedDimDP with ``adpc.quantile`` ∈ {0.1, 0.25, 0.75} (0.5 is the default run above);
+* full FedDimDP with ``adpc.histogram_noise_multiplier`` σ_h ∈ {5, 10} (25 is the default).
 
 Runs execute with the serial executor, ``--jobs`` at a time, and are skipped when the results folder
 already holds them completed. Then the tables (mean ± std over seeds of the final test accuracy) are
@@ -50,6 +51,8 @@ def variants() -> dict[str, dict]:
                                      "data": {"server_holdout": HOLDOUT}}
     for q in (0.1, 0.25, 0.75):
         out[f"feddimdp quantile {q}"] = {**_switches(True, True, True), "adpc": {"quantile": q}}
+    for sigma_h in (5.0, 10.0):
+        out[f"feddimdp sigma_h {sigma_h:g}"] = {**_switches(True, True, True), "adpc": {"histogram_noise_multiplier": sigma_h}}
     return out
 
 
@@ -136,13 +139,15 @@ def report(results_dir: str, ids: dict[tuple[str, int], str]) -> str:
         ("feddimdp server_val_f1", "`cra.utility=server_val_f1`")])
     table("ADPC's quantile", [("feddimdp quantile 0.1", "0.1"), ("feddimdp quantile 0.25", "0.25"),
                               ("feddimdp 111", "0.5 (default)"), ("feddimdp quantile 0.75", "0.75")])
+    table("ADPC's histogram noise σ_h (ε = 8 in all; less histogram noise leaves more DP-SGD noise)", [
+        ("feddimdp sigma_h 5", "σ_h = 5"), ("feddimdp sigma_h 10", "σ_h = 10"), ("feddimdp 111", "σ_h = 25 (default)")])
     table("Reference", [("dp-fedavg-adaptive", "dp-fedavg-adaptive"), ("fedsa", "fedsa")])
 
     # C^(t) next to the true medians (seed 0 of each ADPC variant).
     out.append("\n### C^(t) next to the clients' per-example norm medians (seed 0)\n\n"
                "| variant | round | C^(t) | private median (median over clients) | true median (min / median / max over clients) |\n"
                "|---|---|---|---|---|")
-    for label in ("feddimdp 111", "feddimdp 010", "feddimdp quantile 0.1"):
+    for label in ("feddimdp 111", "feddimdp 010", "feddimdp quantile 0.1", "feddimdp sigma_h 5"):
         run_id = ids.get((label, 0))
         if run_id is None:
             continue
