@@ -133,7 +133,7 @@ def update_norm_per_step(delta_norm: float, lr: float, num_steps: int) -> float:
 
 def denoise_update_norm(s: float, *, num_params: int, noise_multiplier: float, clip_norm: float,
                         expected_batch_size: float, num_steps: int, mode: str) -> float:
-    """Remove the known DP-noise energy from a per-step update norm (SPEC §3 ADPC, ``adpc.denoise``, R).
+    """Remove the known DP-noise energy from a per-step update norm (SPEC §3 ADPC, ``adpc.statistic=update_norm_denoised``, R).
 
     With plain local SGD, s = ‖mean of τ noisy steps‖ has E[s²] = ‖ḡ‖² + noise energy, where the noise
     energy is d·σ²C²/(B²·τ) for ``per_sample`` (noise N(0, σ²C²I) on a sum divided by B) and d·σ²C²/τ

@@ -13,7 +13,7 @@ import argparse
 import json
 import math
 
-# = raysim.privacy.accounting.ACCOUNTANTS (tests/unit/privacy/test_privacy_cli.py checks), spelled out so
+# = raysim.privacy.accounting.ACCOUNTANTS (tests/unit/cli/test_privacy_cli.py checks), spelled out so
 # that building the parser does not import the accountant.
 ACCOUNTANTS = ("pld", "rdp")
 
