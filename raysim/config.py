@@ -69,6 +69,7 @@ class RuntimeConfig:
     gpu_memory_fraction: float | None = None  # explicit per-actor CUDA memory cap
     torch_threads: int = 1             # per actor and serial executor: results must not depend on it
     max_actor_restarts: int = 3
+    checkpoint_every: int = 1          # save a resumable checkpoint every k rounds (0: never)
 
 
 @dataclass(frozen=True)
@@ -284,6 +285,8 @@ def validate(cfg: Config) -> Config:
         _fail("runtime.num_gpus_per_client", f"must be >= 0, got {r.num_gpus_per_client}")
     if r.gpu_memory_fraction is not None and not 0 < r.gpu_memory_fraction <= 1:
         _fail("runtime.gpu_memory_fraction", f"must be in (0, 1], got {r.gpu_memory_fraction}")
+    if r.checkpoint_every < 0:
+        _fail("runtime.checkpoint_every", f"must be >= 0 (0: no checkpoints), got {r.checkpoint_every}")
     if r.torch_threads < 1:
         _fail("runtime.torch_threads", f"must be >= 1, got {r.torch_threads}")
     _choice("adpc.statistic", cfg.adpc.statistic, ADPC_STATISTICS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import pickle
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Protocol
@@ -10,7 +11,7 @@ from typing import Any, Callable, Iterator, Protocol
 from raysim.algorithms.registry import get_method, resolve_preset
 from raysim.config import Config, ConfigError, config_to_dict, run_id_for
 from raysim.data import DATASETS, load_dataset
-from raysim.results import ResultsSink
+from raysim.results import ResultsSink, read_table
 from raysim.results.rows import now, run_row
 from raysim.simulation import RoundRecord, SetupRecord
 
@@ -51,30 +52,48 @@ class Backend(Protocol):
     in a driver actor on Ray (``raysim.runtime.driver.RayBackend``); ``raysim.runtime.backend_for``
     picks one from ``runtime.executor``. Nothing here imports the runtime."""
 
-    def start(self, cfg: Config, train: Any, test: Any) -> tuple[SetupRecord, Iterator[RoundRecord], dict[str, Any]]:
-        """Set the run up; returns its setup, the stream of round records and extra runs-row fields."""
+    def start(self, cfg: Config, train: Any, test: Any, resume: bytes | None = None
+              ) -> tuple[SetupRecord, Iterator[RoundRecord], dict[str, Any]]:
+        """Set the run up (from the checkpoint ``resume`` if given); returns its setup, the stream of
+        round records still to run and extra runs-row fields."""
         ...
 
 
 def run_experiment(cfg: Config, results_dir: str, backend: Backend, *, sweep_id: str | None = None,
                    on_setup: Callable[[SetupRecord], None] | None = None,
                    on_round: Callable[[RoundRecord], None] | None = None,
-                   data: tuple[Any, Any] | None = None) -> RunSummary:
+                   data: tuple[Any, Any] | None = None, restart: bool = False) -> RunSummary:
     """Execute ``cfg`` on ``backend`` and write its rows; returns the final runs row (status completed).
 
-    ``data`` is the (train, test) pair from :func:`prepare`, which is called here when omitted.
+    A run whose runs row says ``running`` or ``failed`` (interrupted, pre-empted, killed) resumes
+    from its last checkpoint (``<results_dir>/checkpoints/<run_id>/``, every
+    ``runtime.checkpoint_every`` rounds): rows of later (half-written) rounds are deleted and those
+    rounds run again, so the tables end equal to an uninterrupted run's, bit for bit. ``restart``
+    starts from scratch instead. ``data`` is the (train, test) pair from :func:`prepare`.
     """
     cfg = resolve_preset(cfg)
     train, test = data if data is not None else prepare(cfg)
     sink = ResultsSink(results_dir)
     run_id = run_id_for(cfg)
-    sink.clear_run(run_id)
-    row = run_row(cfg, sweep_id, "running")
-    sink.write_run(row)
-    t0 = time.perf_counter()
+    previous = None if restart else sink.read_run(run_id)
+    blob = sink.read_checkpoint(run_id) if previous and previous.get("status") in ("running", "failed") else None
     best_acc = best_f1 = -math.inf
+    if blob is not None:
+        done = int(pickle.loads(blob)["completed_rounds"])
+        sink.clear_rounds_after(run_id, done)
+        kept = read_table(results_dir, "rounds")
+        kept = kept[(kept["run_id"] == run_id) & (kept["round"] <= done)]
+        if len(kept):
+            best_acc, best_f1 = float(kept["test_accuracy"].max()), float(kept["test_f1"].max())
+        row = {**previous, "status": "running", "error": None, "end_time": None, "rounds_completed": done}
+    else:
+        sink.clear_run(run_id)
+        sink.delete_checkpoint(run_id)
+        row = run_row(cfg, sweep_id, "running")
+    sink.write_run(row)
+    t0 = time.perf_counter() - float(row.get("wall_seconds") or 0.0)
     try:
-        setup, records, placement = backend.start(cfg, train, test)
+        setup, records, placement = backend.start(cfg, train, test, resume=blob)
         row.update(placement)
         row.update(clipping=setup.clipping, noise_multiplier=max(setup.noise_multipliers),
                    not_covered_by_epsilon=setup.not_covered_by_epsilon, num_params=setup.num_params)
@@ -90,6 +109,8 @@ def run_experiment(cfg: Config, results_dir: str, backend: Backend, *, sweep_id:
                        final_test_f1=rr["test_f1"], final_test_loss=rr["test_loss"], best_test_accuracy=best_acc,
                        best_test_f1=best_f1, epsilon=rr["epsilon"], wall_seconds=time.perf_counter() - t0)
             sink.write_run(row)
+            if rec.checkpoint is not None:   # after the round's rows: a crash in between redoes the round
+                sink.write_checkpoint(run_id, rec.checkpoint)
             if on_round:
                 on_round(rec)
     except BaseException as exc:
@@ -98,4 +119,5 @@ def run_experiment(cfg: Config, results_dir: str, backend: Backend, *, sweep_id:
         raise
     row.update(status="completed", end_time=now(), wall_seconds=time.perf_counter() - t0)
     sink.write_run(row)
+    sink.delete_checkpoint(run_id)
     return RunSummary(run_id, row)

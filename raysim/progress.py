@@ -23,7 +23,11 @@ class RunProgress:
 
     def setup(self, setup: SetupRecord) -> None:
         sig = max(setup.noise_multipliers)
-        self.bar.set_postfix_str(f"clipping={setup.clipping} σ≤{sig:.3f}" if setup.clipping != "none" else "no DP")
+        text = f"clipping={setup.clipping} σ≤{sig:.3f}" if setup.clipping != "none" else "no DP"
+        if setup.resumed_after:
+            self.bar.update(setup.resumed_after)
+            text = f"resumed after round {setup.resumed_after}; {text}"
+        self.bar.set_postfix_str(text)
 
     def round(self, rec: RoundRecord) -> None:
         r = rec.round_row

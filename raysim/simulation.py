@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import pickle
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Protocol, Sequence
@@ -53,6 +54,7 @@ class SetupRecord:
     clipping: str
     noise_multipliers: list[float]
     not_covered_by_epsilon: str
+    resumed_after: int = 0             # rounds restored from a checkpoint (0: a fresh run)
 
 
 @dataclass
@@ -60,6 +62,7 @@ class RoundRecord:
     server_round: int
     round_row: dict[str, Any]
     client_rows: list[dict[str, Any]] = field(default_factory=list)
+    checkpoint: bytes | None = None    # the state after this round (runtime.checkpoint_every), pickled
 
 
 def server_holdout(cfg: Config, num_train: int) -> tuple[np.ndarray, np.ndarray]:
@@ -134,6 +137,7 @@ class Simulation:
                             self.sigmas, holdout_f1)
         self.server = self.spec.server(ctx)
         self.client_states: dict[int, Any] = {}
+        self.completed_rounds = 0
         executor.start(cfg, self.clipping, train if train_handle is None else train_handle, self.clients)
         self.setup = SetupRecord(pd.concat(stats, ignore_index=True), count_parameters(self.model), self.clipping,
                                  [float(s) for s in self.sigmas], not_covered(self.spec, cfg, self.clipping))
@@ -150,8 +154,30 @@ class Simulation:
         return score
 
     def run(self) -> Iterator[RoundRecord]:
-        for t in range(1, self.cfg.rounds + 1):
-            yield self.round(t)
+        every = self.cfg.runtime.checkpoint_every
+        for t in range(self.completed_rounds + 1, self.cfg.rounds + 1):
+            record = self.round(t)
+            self.completed_rounds = t
+            if every and (t % every == 0 or t == self.cfg.rounds):
+                record.checkpoint = pickle.dumps(self.state(), protocol=pickle.HIGHEST_PROTOCOL)
+            yield record
+
+    def state(self) -> dict[str, Any]:
+        """What a resumed run needs to continue bit for bit: every random stream is keyed by
+        (seed, purpose, round, client), so no generator state is saved, only what was learned."""
+        return {"completed_rounds": self.completed_rounds, "weights": self.weights.clone(),
+                "server": self.server.state_dict(), "client_states": dict(self.client_states),
+                "ledgers": self.ledgers}
+
+    def restore(self, blob: bytes) -> None:
+        """Continue from a checkpoint written by :meth:`run` (rounds after it run next)."""
+        state = pickle.loads(blob)
+        self.completed_rounds = int(state["completed_rounds"])
+        self.weights = state["weights"]
+        self.server.load_state_dict(state["server"])
+        self.client_states = dict(state["client_states"])
+        self.ledgers = list(state["ledgers"])
+        self.setup.resumed_after = self.completed_rounds
 
     def round(self, t: int) -> RoundRecord:
         cfg = self.cfg

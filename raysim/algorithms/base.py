@@ -66,6 +66,15 @@ class Server:
         """Relative noise multiplier of each round t = 1..T (DP-ACDN decays it); ones by default."""
         return np.ones(cfg.rounds)
 
+    # --- checkpoints -----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the strategy learned so far (ADPC's C, CRA's EMAs, momenta, controls, …): its
+        attributes except the fixed context. A subclass whose state is not plain attributes overrides."""
+        return {k: v for k, v in vars(self).items() if k not in ("ctx", "cfg")}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        vars(self).update(state)
+
     # --- per round ---------------------------------------------------------------------
     def clip_norm(self, server_round: int) -> float | tuple[float, ...]:
         return float(self.cfg.privacy.clip_norm)

@@ -16,6 +16,8 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--results-dir", default="./results", help="where the Parquet tables go (default ./results)")
     parser.add_argument("--data-root", default=None, help="folder holding cifar10/, svhn/, stl10/ (sets data.root)")
     parser.add_argument("--address", default=None, help="join an existing Ray cluster (sets runtime.address)")
+    parser.add_argument("--restart", action="store_true",
+                        help="start interrupted or failed runs from scratch instead of resuming them from their checkpoint")
 
 
 def format_cell(value: Any) -> str:

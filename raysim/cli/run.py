@@ -33,7 +33,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     rows = []
     for cfg, pair in zip(configs, data):
         with RunProgress(cfg) as progress:
-            summary = execute(cfg, args.results_dir, on_setup=progress.setup, on_round=progress.round, data=pair)
+            summary = execute(cfg, args.results_dir, on_setup=progress.setup, on_round=progress.round, data=pair,
+                              restart=args.restart)
         rows.append(summary.row)
     print_run_summary(rows, args.results_dir)
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -101,7 +102,7 @@ def print_sweep_summary(sweep: Sweep, rows: dict[str, dict[str, Any] | None], re
         for cfg, run_id, row in bad:
             print(f"  {run_id} ({run_label(cfg)}): {row.get('status', 'missing')}: "
                   f"{row.get('error') or 'no error recorded'}")
-        print("Rerun the same command to redo them (completed runs are skipped).")
+        print("Rerun the same command to resume them from their last checkpoints (completed runs are skipped).")
     print(f"\nResults (Parquet, sweep_id {sweep.sweep_id}): {results_dir}/runs, /rounds, /clients, /partitions")
     return len(bad)
 
@@ -133,7 +134,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         from raysim.runtime.sweep_runner import run_sweep
         progress = SweepProgress(sweep, todo, results_dir)
         try:
-            run_sweep(todo, results_dir, sweep.sweep_id, run_one=execute_row, address=args.address, max_concurrent=args.max_concurrent,
+            run_sweep(todo, results_dir, sweep.sweep_id,
+                      run_one=functools.partial(execute_row, restart=True) if args.restart else execute_row, address=args.address, max_concurrent=args.max_concurrent,
                       listener=progress)
         except KeyboardInterrupt:
             progress.close()

@@ -69,6 +69,41 @@ class ResultsSink:
             return None
         return pq.read_table(path, filesystem=self.fs).to_pylist()[0]
 
+    def clear_rounds_after(self, run_id: str, server_round: int) -> None:
+        """Delete a run's round and client files of rounds > ``server_round`` (a half-written round
+        and anything after the checkpoint a run resumes from)."""
+        for name in ("rounds", "clients"):
+            selector = pafs.FileSelector(posixpath.join(self.root, name), allow_not_found=True)
+            for info in self.fs.get_file_info(selector):
+                base = posixpath.basename(info.path)
+                if base.startswith(f"{run_id}-r") and base.endswith(".parquet"):
+                    if int(base[len(run_id) + 2:-len(".parquet")]) > server_round:
+                        self.fs.delete_file(info.path)
+
+    # --- checkpoints: <root>/checkpoints/<run_id>/state.pkl, atomic (write, then rename), latest only
+    def _checkpoint_path(self, run_id: str) -> str:
+        return posixpath.join(self.root, "checkpoints", run_id, "state.pkl")
+
+    def write_checkpoint(self, run_id: str, blob: bytes) -> None:
+        path = self._checkpoint_path(run_id)
+        self.fs.create_dir(posixpath.dirname(path), recursive=True)
+        tmp = posixpath.join(posixpath.dirname(path), ".state.pkl.tmp")
+        with self.fs.open_output_stream(tmp) as out:
+            out.write(blob)
+        self.fs.move(tmp, path)
+
+    def read_checkpoint(self, run_id: str) -> bytes | None:
+        path = self._checkpoint_path(run_id)
+        if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
+            return None
+        with self.fs.open_input_stream(path) as f:
+            return f.read()
+
+    def delete_checkpoint(self, run_id: str) -> None:
+        path = self._checkpoint_path(run_id)
+        if self.fs.get_file_info(path).type != pafs.FileType.NotFound:
+            self.fs.delete_file(path)
+
     def clear_run(self, run_id: str) -> None:
         """Delete a run's round, client and partition files (before it is redone from scratch)."""
         for name in ("rounds", "clients", "partitions"):

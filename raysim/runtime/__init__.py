@@ -28,6 +28,7 @@ def execute(cfg: Config, results_dir: str, *, placement_group: Any = None, **kwa
     return run_experiment(cfg, results_dir, backend_for(cfg, placement_group), **kwargs)
 
 
-def execute_row(cfg: Config, results_dir: str, *, sweep_id: str | None = None, placement_group: Any = None) -> dict[str, Any]:
+def execute_row(cfg: Config, results_dir: str, *, sweep_id: str | None = None, placement_group: Any = None,
+                restart: bool = False) -> dict[str, Any]:
     """:func:`execute` returning the final runs row: the ``run_one`` a sweep is given."""
-    return execute(cfg, results_dir, sweep_id=sweep_id, placement_group=placement_group).row
+    return execute(cfg, results_dir, sweep_id=sweep_id, placement_group=placement_group, restart=restart).row

@@ -17,9 +17,12 @@ from raysim.simulation import RoundRecord, SetupRecord, Simulation
 
 @ray.remote(num_cpus=0)
 class DriverActor:
-    def __init__(self, cfg: Config, train_ref: list, test_ref: list, placement_group: Any = None) -> None:
+    def __init__(self, cfg: Config, train_ref: list, test_ref: list, placement_group: Any = None,
+                 resume: bytes | None = None) -> None:
         self.executor = RayExecutor(placement_group)
         self.sim = Simulation(cfg, ray.get(train_ref[0]), ray.get(test_ref[0]), self.executor, train_handle=train_ref)
+        if resume is not None:
+            self.sim.restore(resume)
 
     def setup(self) -> SetupRecord:
         return self.sim.setup
@@ -50,14 +53,15 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs)
 
 
-def ray_rounds(cfg: Config, train: Any, test: Any, placement_group: Any = None) -> tuple[SetupRecord, Iterator[RoundRecord], Any]:
+def ray_rounds(cfg: Config, train: Any, test: Any, placement_group: Any = None,
+               resume: bytes | None = None) -> tuple[SetupRecord, Iterator[RoundRecord], Any]:
     """Start a driver actor for one run; returns its setup, the round stream, and the actor."""
     options: dict[str, Any] = {}
     if placement_group is not None:
         # The driver holds no resources (num_cpus=0) but belongs with its run's clients.
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(placement_group)
-    driver = DriverActor.options(**options).remote(cfg, [ray.put(train)], [ray.put(test)], placement_group)
+    driver = DriverActor.options(**options).remote(cfg, [ray.put(train)], [ray.put(test)], placement_group, resume)
     setup = ray.get(driver.setup.remote())
 
     def stream() -> Iterator[RoundRecord]:
@@ -90,7 +94,8 @@ class RayBackend:
         self.address = address
         self.placement_group = placement_group
 
-    def start(self, cfg: Config, train: Any, test: Any) -> tuple[SetupRecord, Iterator[RoundRecord], dict[str, Any]]:
+    def start(self, cfg: Config, train: Any, test: Any, resume: bytes | None = None
+              ) -> tuple[SetupRecord, Iterator[RoundRecord], dict[str, Any]]:
         init_ray(self.address)
-        setup, records, driver = ray_rounds(cfg, train, test, self.placement_group)
+        setup, records, driver = ray_rounds(cfg, train, test, self.placement_group, resume)
         return setup, records, run_placement(driver)
