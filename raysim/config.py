@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -210,12 +211,15 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
         except ValueError:
             _fail(key, f"expected a number, got {value!r}")
     if annotation is int:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or float(value) != int(value):
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                or float(value) != int(value)):
             _fail(key, f"expected an integer, got {value!r}")
         return int(value)
     if annotation is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             _fail(key, f"expected a number, got {value!r}")
+        if not math.isfinite(value):
+            _fail(key, f"expected a finite number, got {value!r}")
         return float(value)
     if annotation is str:
         if not isinstance(value, str):

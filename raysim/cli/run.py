@@ -17,6 +17,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("run", help="run one experiment (or one per method if `method` is a list)")
     p.add_argument("config", help="YAML config file")
     add_run_options(p)
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the config, load the data and partition it, print the runs, run nothing")
     p.set_defaults(func=cmd_run)
 
 
@@ -30,6 +32,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     methods = methods if isinstance(methods, list) else [methods]
     configs = [config_from_dict({**values, "method": m}) for m in methods]
     data = [prepare(cfg) for cfg in configs]   # every user error surfaces before anything runs
+    if args.dry_run:
+        from raysim.config import run_id_for
+        for cfg in configs:
+            print(f"{run_id_for(cfg)}  {cfg.method} on {cfg.data.name}: {cfg.num_clients} clients, {cfg.rounds} rounds, "
+                  f"seed {cfg.seed}")
+        return 0
     rows = []
     for cfg, pair in zip(configs, data):
         with RunProgress(cfg) as progress:

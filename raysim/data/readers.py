@@ -158,19 +158,31 @@ def _read_stl10_bin(x_path: Path, y_path: Path) -> tuple[np.ndarray, np.ndarray]
     return x, y
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def read_source(source: Source, image_size: int, channels: int, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
     """Decode ``source`` to ``(x uint8 (N, H, W, C), y int64 (N,))`` and check the result is sane."""
-    if source.kind == "parquet":
-        x, y = _read_parquet(source.files, image_size, channels)
-    elif source.kind == "cifar-pickle":
-        x, y = _read_cifar_pickle(source.files)
-    elif source.kind == "svhn-mat":
-        x, y = _read_svhn_mat(source.files[0])
-    elif source.kind == "stl10-bin":
-        x, y = _read_stl10_bin(*source.files)
-    else:
-        raise ValueError(f"unknown source kind {source.kind!r}")
     where = ", ".join(str(f) for f in source.files)
+    try:
+        if source.kind == "parquet":
+            x, y = _read_parquet(source.files, image_size, channels)
+        elif source.kind == "cifar-pickle":
+            x, y = _read_cifar_pickle(source.files)
+        elif source.kind == "svhn-mat":
+            x, y = _read_svhn_mat(source.files[0])
+        elif source.kind == "stl10-bin":
+            x, y = _read_stl10_bin(*source.files)
+        else:
+            raise ValueError(f"unknown source kind {source.kind!r}")
+    except ValueError as exc:
+        if any(str(f) in str(exc) for f in source.files):
+            raise
+        raise ValueError(f"{where}: unreadable {source.kind} data: {_first_line(exc)}") from None
+    except Exception as exc:  # truncated or corrupt files: OSError, EOFError, UnpicklingError, KeyError, ...
+        raise ValueError(f"{where}: unreadable {source.kind} data ({type(exc).__name__}: {_first_line(exc)})") from None
     if x.shape[1:] != (image_size, image_size, channels):
         raise ValueError(f"{where}: images have shape {x.shape[1:]}, expected {(image_size, image_size, channels)}")
     if y.shape != (x.shape[0],):

@@ -67,7 +67,10 @@ class ResultsSink:
         path = posixpath.join(self.root, "runs", f"{run_id}.parquet")
         if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
             return None
-        return pq.read_table(path, filesystem=self.fs).to_pylist()[0]
+        try:
+            return pq.read_table(path, filesystem=self.fs).to_pylist()[0]
+        except (pa.ArrowException, OSError, IndexError) as exc:
+            raise ValueError(f"{path}: unreadable runs file ({_first_line(exc)}); delete it to redo the run") from None
 
     def clear_rounds_after(self, run_id: str, server_round: int) -> None:
         """Delete a run's round and client files of rounds > ``server_round`` (a half-written round
@@ -123,4 +126,26 @@ def read_table(root: str, name: str) -> pd.DataFrame:
     info = fs.get_file_info(full)
     if info.type == pafs.FileType.NotFound or not fs.get_file_info(pafs.FileSelector(full)):
         return SCHEMAS[name].empty_table().to_pandas()
-    return pq.read_table(full, filesystem=fs, schema=SCHEMAS[name]).to_pandas()
+    try:
+        return pq.read_table(full, filesystem=fs, schema=SCHEMAS[name]).to_pandas()
+    except (pa.ArrowException, OSError) as exc:
+        raise ValueError(f"{_bad_file(fs, full) or full}: unreadable Parquet ({_first_line(exc)}); "
+                         f"delete that file (its round is redone when the run resumes)") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _bad_file(fs: pafs.FileSystem, folder: str) -> str | None:
+    """The first file under ``folder`` whose Parquet footer cannot be read (None if all can)."""
+    for info in fs.get_file_info(pafs.FileSelector(folder)):
+        if info.type != pafs.FileType.File or posixpath.basename(info.path).startswith("."):
+            continue
+        try:
+            with fs.open_input_file(info.path) as f:
+                pq.read_metadata(f)
+        except (pa.ArrowException, OSError):
+            return info.path
+    return None
