@@ -28,19 +28,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     commands = privacy.add_subparsers(dest="privacy_command", metavar="{epsilon,calibrate}")
     commands.required = True
 
-    epsilon = commands.add_parser("epsilon", help="epsilon spent by a run with a given noise multiplier")
-    _add_run_arguments(epsilon)
-    epsilon.add_argument("--noise-multiplier", type=float, required=True, metavar="S",
-                         help="noise std / clipping norm (sigma); 0 means no privacy")
-    _add_common_arguments(epsilon)
-    epsilon.set_defaults(func=cmd_epsilon)
-
-    calibrate = commands.add_parser("calibrate", help="smallest noise multiplier that keeps epsilon <= target")
-    _add_run_arguments(calibrate)
-    calibrate.add_argument("--target-epsilon", type=float, required=True, metavar="E",
-                           help="epsilon the whole run may spend")
-    _add_common_arguments(calibrate)
-    calibrate.set_defaults(func=cmd_calibrate)
+    for name, help_text, flag, metavar, flag_help, func in (
+            ("epsilon", "epsilon spent by a run with a given noise multiplier", "--noise-multiplier", "S",
+             "noise std / clipping norm (sigma); 0 means no privacy", cmd_epsilon),
+            ("calibrate", "smallest noise multiplier that keeps epsilon <= target", "--target-epsilon", "E",
+             "epsilon the whole run may spend", cmd_calibrate)):
+        command = commands.add_parser(name, help=help_text)
+        _add_run_arguments(command)
+        command.add_argument(flag, type=float, required=True, metavar=metavar, help=flag_help)
+        _add_common_arguments(command)
+        command.set_defaults(func=func)
 
 
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
