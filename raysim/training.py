@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -44,11 +45,13 @@ class LocalStats:
 
 def local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, hooks: ClientHooks, *, clipping: str,
                 engine: GradSampleEngine, per_layer: bool, seed: int, client_id: int,
-                record_example_norms: bool = False) -> LocalStats:
+                record_example_norms: bool = False,
+                canaries: Callable[[int], tuple[list[torch.Tensor], int] | None] | None = None) -> LocalStats:
     """Run E local epochs of (DP-)SGD on (x, y) in place on ``model``.
 
     Random streams: batches from ``(seed, "batches", round, client)``, noise from
     ``(seed, "dp-noise", round, client, step, release)`` — independent of where this runs.
+    ``canaries(step)`` (the privacy audit only) gives extra examples' gradients for that step.
     """
     cfg, task = hooks.cfg, hooks.task
     n, batch_size = len(y), cfg.batch_size
@@ -75,7 +78,8 @@ def local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, hooks: Clien
                                       device=x.device)
                 out = privatize(model, xb, yb, mode=clipping, clip_norm=task.clip_norm,
                                 noise_multiplier=task.noise_multiplier, expected_batch_size=expected_batch,
-                                generator=gen, engine=engine, per_layer=per_layer)
+                                generator=gen, engine=engine, per_layer=per_layer,
+                                canaries=canaries(step) if canaries is not None else None)
                 if norms_log is not None and out.per_example_norms is not None:
                     norms_log.append((idx, out.per_example_norms.detach().cpu().double().numpy()))
                 return out

@@ -12,12 +12,12 @@ import argparse
 import sys
 from typing import Sequence
 
-from raysim.cli import methods, privacy, report, run, sweep
+from raysim.cli import audit, methods, privacy, report, run, sweep
 from raysim.config import ConfigError
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
-COMMANDS = (run, methods, privacy, sweep, report)   # in the order `raysim --help` lists them
+COMMANDS = (run, methods, privacy, sweep, report, audit)   # in the order `raysim --help` lists them
 
 
 def build_parser() -> argparse.ArgumentParser:

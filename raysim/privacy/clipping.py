@@ -120,7 +120,7 @@ def _layer_norms(grads: list[torch.Tensor], groups: list[list[int]]) -> torch.Te
 def privatize(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, mode: str,
               clip_norm: float | Sequence[float], noise_multiplier: float, expected_batch_size: int,
               generator: torch.Generator | None, engine: GradSampleEngine,
-              per_layer: bool = False) -> PrivateGrad:
+              per_layer: bool = False, canaries: tuple[list[torch.Tensor], int] | None = None) -> PrivateGrad:
     """Gradient estimate for one local step under clipping ``mode`` (see the module docstring).
 
     Privacy assumptions: ``x, y`` is a Poisson-sampled batch (rate q = expected_batch_size / n)
@@ -130,6 +130,11 @@ def privatize(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, mode: str,
     thresholds C_k (one per parametrised layer) with ``per_layer=True``; the noise standard
     deviation is σ·C with C = :func:`total_sensitivity`. The model's ``.grad`` fields are not
     touched; the caller steps with ``PrivateGrad.grads``.
+
+    ``canaries`` (the privacy audit only, ``raysim.audit``): the sum of the gradients of k extra
+    examples in this batch, each of norm exactly C (so clipping leaves it unchanged), shaped like
+    the parameters; they join the clipped sum (``per_sample``) or the batch mean (``batch``) before
+    the noise, as real examples would.
     """
     _check_mode(mode)
     if noise_multiplier < 0 or not math.isfinite(noise_multiplier):
@@ -141,6 +146,8 @@ def privatize(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, mode: str,
         if expected_batch_size <= 0:
             raise ValueError(f"expected_batch_size must be > 0, got {expected_batch_size}")
         res = engine.clipped_sum(model, x, y, clip_norm, per_layer=per_layer)
+        if canaries is not None:
+            res.grads = [g + c for g, c in zip(res.grads, canaries[0])]
         std = noise_multiplier * total_sensitivity(clip_norm, per_layer)
         noise = _gaussian_like(res.grads, std, generator)
         grads = [(g + n) / expected_batch_size for g, n in zip(res.grads, noise)]
@@ -149,6 +156,9 @@ def privatize(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, mode: str,
                            per_example_norms=res.per_example_norms)
 
     grads, loss_mean = _mean_gradient(model, x, y)
+    if canaries is not None and canaries[1]:
+        total = batch + canaries[1]
+        grads = [(g * batch + c) / total for g, c in zip(grads, canaries[0])]
     if mode == "none":
         return PrivateGrad(grads=grads, loss_mean=loss_mean, batch_size=batch, num_clipped=0, frac_clipped=0.0)
     with torch.no_grad():
