@@ -24,6 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-concurrent", type=int, default=None, metavar="N",
                    help="runs in flight at once (default: as many as fit the cluster's resources)")
     p.add_argument("--dry-run", action="store_true", help="list the runs and their status, run nothing")
+    p.add_argument("--retries", type=int, default=2, metavar="K",
+                   help="times a run lost to the cluster (dead node or actors) is resumed from its checkpoint (default 2)")
     p.set_defaults(func=cmd_sweep)
 
 
@@ -110,6 +112,8 @@ def print_sweep_summary(sweep: Sweep, rows: dict[str, dict[str, Any] | None], re
 def cmd_sweep(args: argparse.Namespace) -> int:
     if args.max_concurrent is not None and args.max_concurrent < 1:
         raise ConfigError(f"--max-concurrent must be >= 1, got {args.max_concurrent}")
+    if args.retries < 0:
+        raise ConfigError(f"--retries must be >= 0, got {args.retries}")
     sweep = load_sweep(args.sweep, args.overrides, args.data_root, args.address)
     check_sweep(sweep)
     results_dir = args.results_dir
@@ -135,7 +139,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         progress = SweepProgress(sweep, todo, results_dir)
         try:
             run_sweep(todo, results_dir, sweep.sweep_id,
-                      run_one=functools.partial(execute_row, restart=True) if args.restart else execute_row, address=args.address, max_concurrent=args.max_concurrent,
+                      run_one=functools.partial(execute_row, restart=True) if args.restart else execute_row, address=args.address, max_concurrent=args.max_concurrent, retries=args.retries,
                       listener=progress)
         except KeyboardInterrupt:
             progress.close()

@@ -108,13 +108,24 @@ def _record_failure(results_dir: str, cfg: Config, sweep_id: str, error: str) ->
     return row
 
 
+def _lost_to_the_cluster(exc: BaseException) -> bool:
+    """The run died with its node, its actors or their objects (not a user error, not a diverged run)."""
+    from ray import exceptions as rex
+    system = (rex.RayActorError, rex.WorkerCrashedError, rex.ObjectLostError, rex.OwnerDiedError,
+              rex.NodeDiedError, rex.LocalRayletDiedError, rex.RaySystemError)
+    return any(isinstance(e, system) for e in (exc, getattr(exc, "cause", None)))
+
+
 def run_sweep(configs: Sequence[Config], results_dir: str, sweep_id: str, *, run_one: RunOne,
-              address: str | None = None,
+              address: str | None = None, retries: int = 2,
               max_concurrent: int | None = None, listener: SweepListener | None = None,
               poll_seconds: float = 1.0) -> list[RunOutcome]:
     """Run ``configs`` in parallel; returns one outcome per config, in completion order.
 
-    A failing run does not stop the others. ``max_concurrent`` bounds the placement groups in
+    A failing run does not stop the others. A run lost to the cluster (its node died, its actors or
+    their objects were lost) is started again, up to ``retries`` times, and resumes from its last
+    checkpoint, so its tables end as if nothing had happened; any other failure is recorded as is.
+    ``max_concurrent`` bounds the placement groups in
     flight (default: as many of the largest runs as fit the cluster's current resources); groups
     that do not fit wait in Ray's queue, where an autoscaling cluster sees them and grows.
     """
@@ -128,6 +139,7 @@ def run_sweep(configs: Sequence[Config], results_dir: str, sweep_id: str, *, run
     waiting: dict[Any, tuple[_Planned, Any]] = {}    # pg.ready() ref -> (plan, pg)
     running: dict[Any, tuple[_Planned, Any]] = {}    # run task ref -> (plan, pg or None)
     outcomes: list[RunOutcome] = []
+    attempts: dict[str, int] = {}
     warned = False
 
     def launch(plan: _Planned, pg: Any) -> None:
@@ -159,15 +171,24 @@ def run_sweep(configs: Sequence[Config], results_dir: str, sweep_id: str, *, run
                 continue
             plan, pg = running.pop(ref)
             run_id = run_id_for(plan.cfg)
+            retry = False
             try:
                 outcome = RunOutcome(run_id, "completed", row=ray.get(ref))
             except Exception as exc:  # a failed run is reported, the sweep goes on
                 error = _error_text(exc)
                 row = _record_failure(results_dir, plan.cfg, sweep_id, error)
                 outcome = RunOutcome(run_id, "failed", row=row, error=error)
+                attempts[run_id] = attempts.get(run_id, 0) + 1
+                retry = _lost_to_the_cluster(exc) and attempts[run_id] <= retries
+                if retry:
+                    print(f"raysim: run {run_id} was lost to the cluster ({error}); resuming it from its last "
+                          f"checkpoint (retry {attempts[run_id]} of {retries})", flush=True)
+                    queue.append(plan)
             finally:
                 if pg is not None:
                     remove_placement_group(pg)
+            if retry:
+                continue
             outcomes.append(outcome)
             if listener:
                 listener.finished(outcome)
