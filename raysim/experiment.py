@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Protocol
 
 from raysim.algorithms.registry import get_method, resolve_preset
-from raysim.config import Config, ConfigError, config_to_dict, run_id_for
+from raysim.config import Config, ConfigError, run_id_for
 from raysim.data import DATASETS, load_dataset
 from raysim.results import ResultsSink, read_table
 from raysim.results.rows import now, run_row

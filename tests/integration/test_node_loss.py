@@ -17,8 +17,8 @@ import yaml
 from raysim.results import read_table
 from raysim.runtime import execute
 from raysim.sweep import load_sweep
-from tests.integration.test_sweep_cluster import (BIN, REPO, _proc_table, _run, free_ports, ray_env,
-                                                  stop_process_trees, stop_processes_under)
+from tests.integration.test_sweep_cluster import (REPO, _proc_table, ray_env, start_two_nodes, stop_process_trees,
+                                                  stop_processes_under)
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
@@ -42,19 +42,10 @@ def test_worker_node_dies_mid_sweep(tmp_path):
     sweep_file = tmp_path / "nodeloss.yaml"
     sweep_file.write_text(yaml.safe_dump(SWEEP))
     temp_dir = tempfile.mkdtemp(prefix="rs", dir="/tmp")
-    gcs, dash, client, *agent = free_ports(11)
     env = ray_env()
-    ray = str(BIN / "ray")
-    common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", f"--temp-dir={temp_dir}", "--disable-usage-stats"]
     results = tmp_path / "results"
     try:
-        _run([ray, "start", "--head", f"--port={gcs}", "--include-dashboard=false",
-              f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent[0]}",
-              f"--dashboard-agent-grpc-port={agent[1]}", f"--runtime-env-agent-port={agent[2]}",
-              f"--metrics-export-port={agent[3]}", *common], env, 180)
-        _run([ray, "start", f"--address=127.0.0.1:{gcs}", '--resources={"worker_node": 1}',
-              f"--dashboard-agent-listen-port={agent[4]}", f"--dashboard-agent-grpc-port={agent[5]}",
-              f"--runtime-env-agent-port={agent[6]}", f"--metrics-export-port={agent[7]}", *common], env, 180)
+        gcs, _ = start_two_nodes(temp_dir, env)
         sweep = subprocess.Popen([sys.executable, "-m", "raysim.cli", "sweep", str(sweep_file), "--results-dir",
                                   str(results), "--address", f"127.0.0.1:{gcs}"], env=env, cwd=REPO,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -112,21 +112,30 @@ def _run(args: list[str], env: dict[str, str], timeout: float) -> subprocess.Com
     return out
 
 
-def test_smoke_sweep_as_ray_job_on_two_nodes(tmp_path):
-    temp_dir = tempfile.mkdtemp(prefix="rs", dir="/tmp")   # short: Ray's socket paths must fit 107 chars
+def start_two_nodes(temp_dir: str, env: dict[str, str], dashboard: bool = False) -> tuple[int, int]:
+    """A head and a worker node (resource ``worker_node``) of 1 CPU each, on free ports, under
+    ``temp_dir``; returns (GCS port, dashboard port)."""
     gcs, dash, client, *agent = free_ports(11)
-    env = ray_env()
     ray = str(BIN / "ray")
     common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", f"--temp-dir={temp_dir}", "--disable-usage-stats"]
+    head_dashboard = (["--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}"]
+                      if dashboard else ["--include-dashboard=false"])
+    _run([ray, "start", "--head", f"--port={gcs}", *head_dashboard, f"--ray-client-server-port={client}",
+          f"--dashboard-agent-listen-port={agent[0]}", f"--dashboard-agent-grpc-port={agent[1]}",
+          f"--runtime-env-agent-port={agent[2]}", f"--metrics-export-port={agent[3]}", *common], env, 180)
+    _run([ray, "start", f"--address=127.0.0.1:{gcs}", '--resources={"worker_node": 1}',
+          f"--dashboard-agent-listen-port={agent[4]}", f"--dashboard-agent-grpc-port={agent[5]}",
+          f"--runtime-env-agent-port={agent[6]}", f"--metrics-export-port={agent[7]}", *common], env, 180)
+    return gcs, dash
+
+
+def test_smoke_sweep_as_ray_job_on_two_nodes(tmp_path):
+    temp_dir = tempfile.mkdtemp(prefix="rs", dir="/tmp")   # short: Ray's socket paths must fit 107 chars
+    env = ray_env()
+    ray = str(BIN / "ray")
     results = tmp_path / "results"
     try:
-        _run([ray, "start", "--head", f"--port={gcs}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-              f"--dashboard-port={dash}", f"--ray-client-server-port={client}",
-              f"--dashboard-agent-listen-port={agent[0]}", f"--dashboard-agent-grpc-port={agent[1]}",
-              f"--runtime-env-agent-port={agent[2]}", f"--metrics-export-port={agent[3]}", *common], env, 180)
-        _run([ray, "start", f"--address=127.0.0.1:{gcs}", '--resources={"worker_node": 1}',
-              f"--dashboard-agent-listen-port={agent[4]}", f"--dashboard-agent-grpc-port={agent[5]}",
-              f"--runtime-env-agent-port={agent[6]}", f"--metrics-export-port={agent[7]}", *common], env, 180)
+        _, dash = start_two_nodes(temp_dir, env, dashboard=True)
         address = f"http://127.0.0.1:{dash}"
         job = _run([ray, "job", "submit", "--address", address, "--working-dir", ".", "--",
                     sys.executable, "-m", "raysim.cli", "sweep", SMOKE, "--results-dir", str(results)], env, 600)
