@@ -127,3 +127,18 @@ def test_truncated_results_file_names_the_file(tmp_path, capsys, table):
     code = main(["report", str(tmp_path), "--out", str(tmp_path / "report")])
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err and str(bad) in err, err
+
+
+def test_truncated_runs_file_stops_sweep_resume_with_its_name(tmp_path, capsys):
+    from raysim.config import run_id_for
+    from raysim.results import ResultsSink
+    from raysim.sweep import load_sweep
+    smoke = REPO / "experiments" / "sweeps" / "smoke.yaml"
+    run_id = run_id_for(load_sweep(smoke).configs[0])
+    sink = ResultsSink(str(tmp_path))
+    sink.write_run({"run_id": run_id, "method": "fedavg", "status": "running"})
+    bad = tmp_path / "runs" / f"{run_id}.parquet"
+    bad.write_bytes(bad.read_bytes()[:30])
+    code = main(["sweep", str(smoke), "--results-dir", str(tmp_path), "--dry-run"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and str(bad) in err, err
