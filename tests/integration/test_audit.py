@@ -26,19 +26,19 @@ def no_noise(monkeypatch):
 
 
 def test_real_engine_stays_within_the_claim():
-    result = run_audit(_cfg())
+    result = run_audit(_cfg(), canaries=500)
     assert result.epsilon_accounted == pytest.approx(2.0, abs=1e-3)
     assert result.epsilon_lower_bound <= 2.0 and result.correct > result.guesses / 2
 
 
 def test_without_noise_the_audit_exceeds_the_claim(no_noise):
-    result = run_audit(_cfg())
+    result = run_audit(_cfg(), canaries=500)   # 100 guesses, all right: ε_lb ≈ 3.5
     assert result.epsilon_lower_bound > 2.0 and result.correct == result.guesses
 
 
 def test_batch_clipping_is_audited(no_noise):
     # its ε_lb with noise is reported in docs/privacy.md; without noise the canaries are found too
-    result = run_audit(_cfg(**{"privacy.clipping": "batch"}))
+    result = run_audit(_cfg(**{"privacy.clipping": "batch"}), canaries=500)
     assert result.clipping == "batch" and result.epsilon_lower_bound > 2.0
 
 

@@ -103,12 +103,12 @@ def _cfg(**kw):
 
 
 def test_epsilon_including_the_release_stays_within_target():
-    cfg = _cfg(rounds=5)
+    cfg = _cfg(rounds=3)
     spec = get_method("feddimdp")
     q, steps = np.array([0.05, 0.2]), np.array([20, 5])
     sigmas = plan_noise(spec, cfg, "per_sample", q, steps)
     sigma_h = cfg.adpc.histogram_noise_multiplier
-    no_release = plan_noise(spec, _cfg(rounds=5, feddimdp={"adpc": False}), "per_sample", q, steps)
+    no_release = plan_noise(spec, _cfg(rounds=3, feddimdp={"adpc": False}), "per_sample", q, steps)
     assert (sigmas > no_release).all()          # the histogram's cost is paid by DP-SGD's σ
     for qi, si, sigma in zip(q, steps, sigmas):
         # Composed independently of raysim's event merging: every step and every release, one by one.
