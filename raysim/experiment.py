@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator, Protocol
 from raysim.algorithms.registry import get_method, resolve_preset
 from raysim.config import Config, ConfigError, run_id_for
 from raysim.data import DATASETS, load_dataset
-from raysim.results import ResultsSink, read_table
+from raysim.results import ResultsSink
 from raysim.results.rows import now, run_row
 from raysim.simulation import RoundRecord, SetupRecord
 
@@ -81,8 +81,7 @@ def run_experiment(cfg: Config, results_dir: str, backend: Backend, *, sweep_id:
     if blob is not None:
         done = int(pickle.loads(blob)["completed_rounds"])
         sink.clear_rounds_after(run_id, done)
-        kept = read_table(results_dir, "rounds")
-        kept = kept[(kept["run_id"] == run_id) & (kept["round"] <= done)]
+        kept = sink.read_run_rounds(run_id)   # rounds after `done` were just deleted
         if len(kept):
             best_acc, best_f1 = float(kept["test_accuracy"].max()), float(kept["test_f1"].max())
         row = {**previous, "status": "running", "error": None, "end_time": None, "rounds_completed": done}

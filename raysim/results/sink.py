@@ -83,6 +83,16 @@ class ResultsSink:
                     if int(base[len(run_id) + 2:-len(".parquet")]) > server_round:
                         self.fs.delete_file(info.path)
 
+    def read_run_rounds(self, run_id: str) -> pd.DataFrame:
+        """The rounds rows of one run, reading only that run's files (not the whole folder)."""
+        selector = pafs.FileSelector(posixpath.join(self.root, "rounds"), allow_not_found=True)
+        paths = [i.path for i in self.fs.get_file_info(selector)
+                 if posixpath.basename(i.path).startswith(f"{run_id}-r") and i.path.endswith(".parquet")]
+        if not paths:
+            return SCHEMAS["rounds"].empty_table().to_pandas()
+        return pa.concat_tables([pq.read_table(p, filesystem=self.fs, schema=SCHEMAS["rounds"])
+                                 for p in sorted(paths)]).to_pandas()
+
     # --- checkpoints: <root>/checkpoints/<run_id>/state.pkl, atomic (write, then rename), latest only
     def _checkpoint_path(self, run_id: str) -> str:
         return posixpath.join(self.root, "checkpoints", run_id, "state.pkl")
