@@ -8,15 +8,13 @@ each example's gradient norm, and what is ``Σ_i c_i ∇ℓ_i`` with the DP-SGD 
 ``bk`` (default) is the book-keeping engine (Bu et al. 2022; ghost norm of Goodfellow 2015 and
 Li et al. 2021). One forward pass records each layer's input activation ``a``; one backward pass
 (``torch.autograd.grad`` of the summed loss with respect to the layer *outputs*, so autograd never
-computes weight gradients) gives the output gradients ``g``. For a layer with per-example grad
-``G_i = g_iᵀ a_i`` (``g_i``: L × D_out, ``a_i``: L × D_in, L = 1 for a Linear layer, the number
-of output positions for a conv) the squared norm is either ``‖a_i‖²‖g_i‖²`` (L = 1), the ghost
-norm ``⟨a_i a_iᵀ, g_i g_iᵀ⟩`` (memory B·L²), or read off the materialised ``G_i`` (memory
-B·D_out·D_in, for a conv computed as the weight gradient of a conv with groups=B), whichever
-is smaller. The clipped sum is then ``Σ_i c_i G_i``: one contraction. Custom autograd functions
-between layers (LLDM's top-k gradient sparsifier) are handled because ``g`` is what the real
-backward pass delivers at each layer output. Refused with a ValueError: parametrised modules
-other than Conv2d (groups=1) and Linear, tied weights, layer outputs modified in place.
+computes weight gradients) gives the output gradients ``g``. Each layer's per-example squared
+norms come from the ghost norm or from materialised per-example grads, whichever its shapes make
+cheaper, and its clipped sum ``Σ_i c_i G_i`` is one contraction; the per-layer rules live in
+:mod:`raysim.privacy.layer_grads`. Custom autograd functions between layers (LLDM's top-k
+gradient sparsifier) are handled because ``g`` is what the real backward pass delivers at each
+layer output. Refused with a ValueError: parametrised modules other than Conv2d (groups=1),
+Linear and GroupNorm, tied weights, layer outputs modified in place.
 
 ``vmap`` is the reference engine: ``torch.func.vmap(grad(·))`` over examples, any model whose
 layers torch.func can transform (not LLDM's sparsifier, an old-style autograd.Function).
@@ -33,6 +31,8 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from raysim.privacy.layer_grads import LayerStats, check_supported
 
 __all__ = [
     "ClippedGrads", "GradSampleEngine", "BookKeepingEngine", "VmapEngine", "ENGINES",
@@ -169,134 +169,9 @@ def _empty_result(model: nn.Module, x: torch.Tensor, clip_norm, per_layer: bool)
                         per_layer_norms=torch.zeros(0, num_layers, dtype=dtype, device=x.device))
 
 
-def _check_supported(layers: list[nn.Module], names: dict[int, str]) -> None:
-    seen: set[int] = set()
-    for layer in layers:
-        name = names.get(id(layer), "?") or "<root>"
-        if isinstance(layer, nn.Conv2d):
-            if layer.groups != 1:
-                raise ValueError(f"grad-sample engine 'bk' supports Conv2d with groups=1 only; "
-                                 f"module {name!r} ({layer}) has groups={layer.groups}")
-        elif not isinstance(layer, nn.Linear):
-            raise ValueError(f"grad-sample engine 'bk' supports only Conv2d and Linear layers with "
-                             f"parameters; module {name!r} is a {type(layer).__name__}")
-        for pname, p in layer.named_parameters(recurse=False):
-            if pname not in ("weight", "bias"):
-                raise ValueError(f"module {name!r} has an unexpected parameter {pname!r}")
-        own = {id(p) for p in layer.parameters(recurse=False)}
-        if own & seen:
-            raise ValueError(f"module {name!r} shares a parameter with another layer (tied weights), "
-                             "which grad-sample engine 'bk' does not support")
-        seen |= own
-
-
-def _padded_input(layer: nn.Conv2d, a: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-    """The conv input with the layer's padding applied explicitly where unfold/conv can't express it."""
-    if a.dim() != 4:
-        raise ValueError(f"Conv2d input must be batched (B, C, H, W), got shape {tuple(a.shape)}")
-    if isinstance(layer.padding, str) or layer.padding_mode != "zeros":
-        # 'same' may be asymmetric and non-zero modes pad before the conv; replay what the layer did.
-        mode = "constant" if layer.padding_mode == "zeros" else layer.padding_mode
-        return F.pad(a, layer._reversed_padding_repeated_twice, mode=mode), (0, 0)
-    return a, layer.padding
-
-
-def _unfold_input(layer: nn.Conv2d, a: torch.Tensor) -> torch.Tensor:
-    """Conv input (B, Cin, H, W) → patches (B, Cin·kh·kw, L), in the order of ``weight.view(Cout, -1)``."""
-    a, padding = _padded_input(layer, a)
-    return F.unfold(a, layer.kernel_size, dilation=layer.dilation, padding=padding, stride=layer.stride)
-
-
-def _conv_per_example_weight(layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """Per-example weight grads (B, Cout, Cin·kh·kw) as the weight grad of a conv with groups=B
-    (the batch folded into channels): much faster on CPU than unfold + bmm."""
-    a, padding = _padded_input(layer, a)
-    batch, c_in, c_out = a.shape[0], a.shape[1], g.shape[1]
-    grads = torch.nn.grad.conv2d_weight(
-        a.reshape(1, batch * c_in, *a.shape[2:]), (batch * c_out, c_in, *layer.kernel_size),
-        g.reshape(1, batch * c_out, *g.shape[2:]), stride=layer.stride, padding=padding,
-        dilation=layer.dilation, groups=batch)
-    return grads.view(batch, c_out, -1)
-
-
-def _as_sequence(layer: nn.Module, a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both operands in (B, D, L) layout, so that per-example grad of the weight is g @ aᵀ."""
-    batch = a.shape[0]
-    if isinstance(layer, nn.Conv2d):
-        return _unfold_input(layer, a), g.reshape(batch, g.shape[1], -1)
-    if a.dim() == 2:
-        return a.unsqueeze(2), g.unsqueeze(2)
-    # Linear on (B, ..., D): the middle dims are positions sharing the weight.
-    return a.reshape(batch, -1, a.shape[-1]).transpose(1, 2), g.reshape(batch, -1, g.shape[-1]).transpose(1, 2)
-
-
-def _sq_norms(t: torch.Tensor) -> torch.Tensor:
-    return torch.linalg.vector_norm(t.reshape(t.shape[0], -1), dim=1).square()
-
-
-class _LayerStats:
-    """One layer's per-example squared norms and what its clipped sum needs.
-
-    ``records`` holds (input, output grad) of each call of the layer in the forward pass (a
-    layer called twice sums its per-example grads over the calls)."""
-
-    def __init__(self, layer: nn.Module, records: list[tuple[torch.Tensor, torch.Tensor]],
-                 batch: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.layer = layer
-        self.a = self.g = self.per_example_weight = self.bias_grads = None
-        self.sq_norm = torch.zeros(batch, dtype=dtype, device=device)
-        if not records:
-            return
-        conv = isinstance(layer, nn.Conv2d)
-        weight, bias = layer.weight, layer.bias
-        if bias is not None and bias.requires_grad:
-            d_out = records[0][1].shape[1 if conv else -1]
-            self.bias_grads = sum(g.reshape(batch, d_out, -1).sum(2) if conv else g.reshape(batch, -1, d_out).sum(1)
-                                  for _, g in records)
-            self.sq_norm = self.sq_norm + _sq_norms(self.bias_grads)
-        if not weight.requires_grad:
-            return
-        d_out, d_in = weight.shape[0], weight[0].numel()
-        positions = sum(g[0, 0].numel() if conv else g[0].numel() // d_out for _, g in records)
-        if positions * positions <= d_in * d_out:
-            # Ghost norm (L = 1: ‖a‖²‖g‖²; else ‖g aᵀ‖_F² = ⟨aᵀa, gᵀg⟩ over position pairs).
-            seqs = [_as_sequence(layer, a, g) for a, g in records]
-            self.a = torch.cat([a for a, _ in seqs], dim=2) if len(seqs) > 1 else seqs[0][0]
-            self.g = torch.cat([g for _, g in seqs], dim=2) if len(seqs) > 1 else seqs[0][1]
-            if positions == 1:
-                self.sq_norm = self.sq_norm + _sq_norms(self.a) * _sq_norms(self.g)
-            else:
-                aa = torch.bmm(self.a.transpose(1, 2), self.a)
-                gg = torch.bmm(self.g.transpose(1, 2), self.g)
-                self.sq_norm = self.sq_norm + (aa * gg).sum(dim=(1, 2))
-        else:
-            if conv:
-                per_call = (_conv_per_example_weight(layer, a, g) for a, g in records)
-            else:
-                per_call = (torch.bmm(g, a.transpose(1, 2)) for a, g in (_as_sequence(layer, *r) for r in records))
-            self.per_example_weight = sum(per_call)  # (B, Dout, Din)
-            self.sq_norm = self.sq_norm + _sq_norms(self.per_example_weight)
-
-    def clipped_sums(self, factors: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Σ_i c_i ∇W_i and Σ_i c_i ∇b_i, in the parameters' shapes (None where not trainable)."""
-        weight, bias = self.layer.weight, self.layer.bias
-        weight_sum = bias_sum = None
-        if weight.requires_grad:
-            if self.per_example_weight is not None:
-                weight_sum = (factors @ self.per_example_weight.reshape(factors.shape[0], -1)).reshape(weight.shape)
-            elif self.a is not None:
-                scaled = self.g * factors.view(-1, 1, 1)
-                weight_sum = torch.einsum("bol,bil->oi", scaled, self.a).reshape(weight.shape)
-            else:  # the layer did not influence the loss
-                weight_sum = torch.zeros_like(weight)
-        if bias is not None and bias.requires_grad:
-            bias_sum = factors @ self.bias_grads if self.bias_grads is not None else torch.zeros_like(bias)
-        return weight_sum, bias_sum
-
-
 @register_engine("bk")
 class BookKeepingEngine:
-    """One forward and one output-gradient backward pass; Conv2d (groups=1) and Linear only."""
+    """One forward and one output-gradient backward pass; Conv2d (groups=1), Linear, GroupNorm."""
 
     name: str
 
@@ -310,7 +185,7 @@ class BookKeepingEngine:
         """
         layers = parametrised_layers(model)
         names = {id(m): n for n, m in model.named_modules()}
-        _check_supported(layers, names)
+        check_supported(layers, names)
         if x.shape[0] == 0:
             return _empty_result(model, x, clip_norm, per_layer)
         _thresholds(clip_norm, per_layer, len(layers))
@@ -349,17 +224,17 @@ class BookKeepingEngine:
             for layer in layers:
                 pairs = [(a, out_grads[id(out)]) for a, out, _ in records[id(layer)]
                          if out_grads[id(out)] is not None]
-                stats.append(_LayerStats(layer, pairs, batch, dtype, device))
+                stats.append(LayerStats(layer, pairs, batch, dtype, device))
             per_layer_norms = torch.stack([s.sq_norm for s in stats], dim=1).clamp(min=0).sqrt()
             factors, num_clipped = clip_factors(per_layer_norms, clip_norm, per_layer)
 
             index = {id(p): j for j, p in enumerate(params)}
             grads: list[torch.Tensor | None] = [None] * len(params)
             for k, s in enumerate(stats):
-                weight_sum, bias_sum = s.clipped_sums(factors[:, k].contiguous())
-                for p, value in ((s.layer.weight, weight_sum), (s.layer.bias, bias_sum)):
-                    if p is not None and grads[index[id(p)]] is None:
-                        grads[index[id(p)]] = value
+                for pname, value in s.clipped_sums(factors[:, k].contiguous()).items():
+                    j = index[id(getattr(s.layer, pname))]
+                    if grads[j] is None:
+                        grads[j] = value
             grads = [torch.zeros_like(p) if gr is None else gr.detach() for p, gr in zip(params, grads)]
         return ClippedGrads(grads=grads, per_example_norms=per_layer_norms.pow(2).sum(1).sqrt(),
                             num_clipped=num_clipped, loss_sum=float(loss_sum.detach()),
