@@ -22,10 +22,12 @@ from typing import Any, Mapping
 import yaml
 
 __all__ = ["ConfigError", "Config", "load_config", "config_from_dict", "apply_overrides", "config_to_dict",
-           "config_hash", "parse_override", "run_id_for", "result_hash", "CLIPPING_MODES"]
+           "config_hash", "parse_override", "run_id_for", "result_hash", "CLIPPING_MODES", "MODEL_NAMES"]
 
 #: ``privacy.clipping`` modes once resolved (``auto`` resolves to one of them).
 CLIPPING_MODES = ("per_sample", "batch", "none")
+#: Backbones of the top-level ``model`` key, built by ``raysim.models.model_for``.
+MODEL_NAMES = ("cnn", "resnet18_gn", "wrn16_4")
 
 
 class ConfigError(ValueError):
@@ -160,6 +162,7 @@ class FedProxConfig:
 @dataclass(frozen=True)
 class Config:
     method: str = "fedavg"
+    model: str = "cnn"  # backbone, one of MODEL_NAMES (see docs/methods.md, "Backbones")
     rounds: int = 10
     seed: int = 0
     num_clients: int = 10
@@ -263,6 +266,7 @@ def validate(cfg: Config) -> Config:
     if not cfg.lr > 0:
         _fail("lr", f"must be > 0, got {cfg.lr}")
     d, p, r = cfg.data, cfg.privacy, cfg.runtime
+    _choice("model", cfg.model, MODEL_NAMES)
     _choice("data.partition", d.partition, ("iid", "dirichlet", "shards"))
     if not d.alpha > 0:
         _fail("data.alpha", f"must be > 0, got {d.alpha}")
@@ -408,7 +412,10 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
 
 def config_hash(cfg: Config) -> str:
     """Stable hash of the resolved config (key order and float formatting independent)."""
-    blob = json.dumps(config_to_dict(cfg), sort_keys=True, default=str)
+    values = config_to_dict(cfg)
+    if values.get("model") == "cnn":
+        del values["model"]  # the default: run ids made before the key existed stay valid (resume)
+    blob = json.dumps(values, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -73,9 +73,16 @@ def init_parameters(model: nn.Module, generator: torch.Generator) -> None:
     """PyTorch's default Conv2d/Linear initialisation, drawn from an explicit generator.
 
     (kaiming-uniform with a=√5 for weights, U(±1/√fan_in) for biases), so the initial global
-    model depends only on the run's seed, never on the global RNG.
+    model depends only on the run's seed, never on the global RNG; GroupNorm: weight 1, bias 0.
+    Any other parametrised module is refused, so that no parameter keeps a global-RNG draw.
     """
     for module in model.modules():
+        own = list(module.parameters(recurse=False))
+        if own and not isinstance(module, (nn.Conv2d, nn.Linear, nn.GroupNorm)):
+            raise ValueError(f"init_parameters cannot initialise a {type(module).__name__} from a generator")
+        if isinstance(module, nn.GroupNorm) and module.affine:
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
         if isinstance(module, (nn.Conv2d, nn.Linear)):
             nn.init.kaiming_uniform_(module.weight, a=math.sqrt(5), generator=generator)
             if module.bias is not None:

@@ -54,3 +54,20 @@ class TopKGradSparsifier(nn.Module):
 
     def extra_repr(self) -> str:
         return f"keep_fraction={self.keep_fraction}"
+
+
+class LLDMBlock(nn.Module):
+    """FedDimDP's LLDM block for a backbone's last feature map: 1x1 conv ``channels → ⌈r·channels⌉``
+    (no bias), ReLU, then the top-k gradient sparsifier (skipped when ``keep_fraction`` is None)."""
+
+    def __init__(self, channels: int, reduction: float, keep_fraction: float | None) -> None:
+        super().__init__()
+        if not 0.0 < reduction <= 1.0:
+            raise ValueError(f"lldm.reduction must be in (0, 1], got {reduction}")
+        self.out_channels = math.ceil(reduction * channels)
+        self.reduce = nn.Conv2d(channels, self.out_channels, kernel_size=1, bias=False)
+        self.sparsify = None if keep_fraction is None else TopKGradSparsifier(keep_fraction)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.reduce(x))
+        return x if self.sparsify is None else self.sparsify(x)
