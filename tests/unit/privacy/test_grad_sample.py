@@ -8,6 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from raysim.models.cnn import build_model
+from raysim.models.lldm import TopKGradSparsifier
+from raysim.privacy import layer_grads
 from raysim.privacy.grad_sample import (
     ENGINES, BookKeepingEngine, make_engine, parametrised_layers, register_engine,
 )
@@ -74,6 +76,33 @@ class OddConvNet(nn.Module):
         return self.head(x)
 
 
+class GroupNormNet(nn.Module):
+    """Conv, GroupNorm (on 4-D maps and on flat features), LLDM's 1x1 reduction and top-k
+    sparsifier, Linear: GroupNorm's per-example grads sit below and above the sparsifier."""
+
+    def __init__(self, sparsify: bool = True) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.norm1 = nn.GroupNorm(4, 8)
+        self.conv2 = nn.Conv2d(8, 16, 3, stride=2, padding=1, bias=False)
+        self.norm2 = nn.GroupNorm(8, 16)
+        self.reduce = nn.Conv2d(16, 8, 1, bias=False)
+        self.sparsify = TopKGradSparsifier(0.5) if sparsify else nn.Identity()
+        self.fc1 = nn.Linear(8 * 4 * 4, 12)
+        self.norm3 = nn.GroupNorm(3, 12)
+        self.head = nn.Linear(12, 5)
+        with torch.no_grad():  # away from GroupNorm's identity init, so a swapped γ/β would show
+            for norm in (self.norm1, self.norm2, self.norm3):
+                norm.weight.uniform_(0.5, 1.5)
+                norm.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x):
+        x = torch.relu(self.norm1(self.conv1(x)))
+        x = torch.relu(self.norm2(self.conv2(x)))
+        x = self.sparsify(torch.relu(self.reduce(x)))
+        return self.head(torch.tanh(self.norm3(self.fc1(x.flatten(1)))))
+
+
 def _between_middle(values: torch.Tensor) -> float:
     ordered = values.sort().values
     mid = len(ordered) // 2
@@ -92,12 +121,14 @@ def _model(kind: str) -> tuple[nn.Module, tuple[int, ...], int]:
         return build_model(3, 32, 10).double(), (3, 32, 32), 10
     if kind == "cnn32_lldm":
         return build_model(3, 32, 10, lldm=True).double(), (3, 32, 32), 10
-    if kind == "cnn8_gray":   # conv2 here takes the ghost-norm path (L² = 256 < 64·800)
+    if kind == "cnn8_gray":   # conv2 here takes the ghost-norm path (L = 16: 16·(800 + 64) < 800·64)
         return build_model(1, 8, 10).double(), (1, 8, 8), 10
+    if kind in ("gn_lldm", "gn"):
+        return GroupNormNet(sparsify=kind == "gn_lldm").double(), (3, 8, 8), 5
     return OddConvNet().double(), (3, 11, 11), 4
 
 
-MODELS = ["cnn32", "cnn32_lldm", "cnn8_gray", "odd_conv"]
+MODELS = ["cnn32", "cnn32_lldm", "cnn8_gray", "odd_conv", "gn_lldm"]
 
 
 def _assert_grads_close(got, want):
@@ -128,7 +159,7 @@ def test_bk_matches_naive_loop_flat(kind):
     assert all(p.grad is None for p in model.parameters())
 
 
-@pytest.mark.parametrize("kind", ["cnn32_lldm", "cnn8_gray", "odd_conv"])
+@pytest.mark.parametrize("kind", ["cnn32_lldm", "cnn8_gray", "odd_conv", "gn_lldm"])
 def test_bk_matches_naive_loop_per_layer(kind):
     model, shape, classes = _model(kind)
     x, y = _data(shape, classes, seed=1)
@@ -177,7 +208,7 @@ def test_float32_close_to_float64():
 
 
 @pytest.mark.parametrize("per_layer", [False, True])
-@pytest.mark.parametrize("kind", ["cnn8_gray", "odd_conv"])
+@pytest.mark.parametrize("kind", ["cnn8_gray", "odd_conv", "gn"])
 def test_vmap_engine_agrees_with_bk(kind, per_layer):
     model, shape, classes = _model(kind)
     x, y = _data(shape, classes, seed=3)
@@ -257,3 +288,35 @@ def test_registry():
         register_engine("bk")(type("Other", (), {}))
     with pytest.raises(ValueError, match="unknown"):
         make_engine("nope")
+
+
+@pytest.mark.parametrize("conv", [
+    nn.Conv2d(3, 4, 5, padding=2),
+    nn.Conv2d(2, 3, (3, 2), stride=(2, 1), dilation=(1, 2), padding=(1, 0)),
+    nn.Conv2d(3, 2, 3, stride=2, dilation=2, padding=1),
+    nn.Conv2d(4, 3, 3, padding="same", padding_mode="reflect", dilation=2),
+    nn.Conv2d(5, 3, 1, stride=3),   # rows past the last window: the swapped conv must cut them off
+], ids=["pad", "stride-dilation", "odd", "same-reflect", "1x1-stride"])
+def test_conv_per_example_weight_grads_both_ways(conv):
+    """The swapped-role conv and the groups=B conv equal per-example weight grads from autograd."""
+    conv = conv.double()
+    gen = torch.Generator().manual_seed(4)
+    a = torch.randn(3, conv.in_channels, 11, 10, generator=gen, dtype=torch.float64)
+    g = torch.randn_like(conv(a), dtype=torch.float64)
+    want = []
+    for i in range(a.shape[0]):
+        (w,) = torch.autograd.grad(conv(a[i:i + 1]), conv.weight, g[i:i + 1])
+        want.append(w.reshape(conv.out_channels, -1))
+    want = torch.stack(want)
+    torch.testing.assert_close(layer_grads._conv_swapped(conv, a, g), want, **TOL)
+    torch.testing.assert_close(layer_grads._conv_grouped(conv, a, g), want, **TOL)
+
+
+def test_group_norm_with_frozen_weight():
+    model, shape, classes = _model("gn")
+    model.norm2.weight.requires_grad_(False)
+    x, y = _data(shape, classes, seed=5)
+    want, norms, _, _, _ = naive(model, per_example_grads(model, x, y), 0.3)
+    res = make_engine("bk").clipped_sum(model, x, y, 0.3)
+    _assert_grads_close(res.grads, want)
+    torch.testing.assert_close(res.per_example_norms, norms, **TOL)
