@@ -23,6 +23,7 @@ def test_defaults_are_valid_and_frozen():
     ({"privacy": {"clipping": "sometimes"}}, "unknown value 'sometimes'"),
     ({"data": {"partition": "zipf"}}, "'data.partition'"),
     ({"cra": {"rho": 0.5}}, "'cra.rho'"),
+    ({"model": "resnet50"}, "'model': unknown value 'resnet50'; choose one of cnn, resnet18_gn, wrn16_4"),
 ])
 def test_bad_values_name_the_key(values, fragment):
     with pytest.raises(ConfigError, match=None) as err:
@@ -45,3 +46,14 @@ def test_hash_is_stable_and_sensitive():
     b = config_from_dict({"data": {"alpha": 0.3}, "seed": 1})
     c = config_from_dict({"seed": 2, "data": {"alpha": 0.3}})
     assert config_hash(a) == config_hash(b) != config_hash(c)
+
+
+def test_default_model_keeps_run_ids_of_configs_without_the_key():
+    import dataclasses, hashlib, json
+
+    cfg = config_from_dict({"rounds": 3})
+    values = dataclasses.asdict(cfg)
+    assert values.pop("model") == "cnn"
+    before = hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    assert config_hash(cfg) == before
+    assert config_hash(config_from_dict({"rounds": 3, "model": "wrn16_4"})) != before
