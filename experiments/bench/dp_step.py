@@ -1,6 +1,7 @@
-"""Throughput of one DP training step on the paper CNN, per gradient engine.
+"""Throughput of one DP training step, per gradient engine, against plain SGD in the same run.
 
     python experiments/bench/dp_step.py [--json] [--steps N] [--batch-size 64] [--threads T] [--lldm]
+        [--model cnn|resnet18_gn|wrn16_4] [--engines plain,bk,...]
 
 Each engine trains its own copy of the same initial model on the same seeded random batches
 (3x32x32, 10 classes): warm-up steps first, then timed steps, the engines taking turns step by
@@ -22,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from raysim.models.cnn import build_model
+from raysim.config import MODEL_NAMES
+from raysim.models import build_backbone
 from raysim.privacy.clipping import privatize
 from raysim.privacy.grad_sample import make_engine
 from raysim.rng import torch_generator
@@ -85,13 +87,14 @@ def _opacus(grad_sample_mode: str) -> Callable[[nn.Module, argparse.Namespace], 
     return factory
 
 
-ENGINES: list[tuple[str, Callable[[nn.Module, argparse.Namespace], Step]]] = [
-    ("plain SGD (no DP)", _plain),
-    ("raysim batch clipping", _raysim("batch", "bk")),
-    ("raysim per-sample (bk)", _raysim("per_sample", "bk")),
-    ("raysim per-sample (vmap)", _raysim("per_sample", "vmap")),
-    ("opacus hooks", _opacus("hooks")),
-    ("opacus ghost", _opacus("ghost")),
+#: (key for --engines, row name, step factory); the first, plain SGD, is the reference and always runs.
+ENGINES: list[tuple[str, str, Callable[[nn.Module, argparse.Namespace], Step]]] = [
+    ("plain", "plain SGD (no DP)", _plain),
+    ("batch", "raysim batch clipping", _raysim("batch", "bk")),
+    ("bk", "raysim per-sample (bk)", _raysim("per_sample", "bk")),
+    ("vmap", "raysim per-sample (vmap)", _raysim("per_sample", "vmap")),
+    ("opacus-hooks", "opacus hooks", _opacus("hooks")),
+    ("opacus-ghost", "opacus ghost", _opacus("ghost")),
 ]
 
 
@@ -108,14 +111,16 @@ def run(args: argparse.Namespace) -> list[dict]:
     gen = torch_generator(args.seed, "bench_data")
     batches = [(torch.randn(args.batch_size, 3, 32, 32, generator=gen),
                 torch.randint(0, 10, (args.batch_size,), generator=gen)) for _ in range(4)]
-    init = build_model(3, 32, 10, lldm=args.lldm)
-    rows = [{"engine": name, "samples_per_s": None, "mean_samples_per_s": None, "ratio_to_plain": None,
-             "error": None} for name, _ in ENGINES]
+    init = build_backbone(args.model, 3, 32, 10, lldm=args.lldm)
+    engines = [e for e in ENGINES if e[0] == "plain" or e[0] in args.engines]
+    rows = [{"engine": name, "key": key, "model": args.model, "lldm": args.lldm, "threads": torch.get_num_threads(),
+             "batch_size": args.batch_size, "samples_per_s": None, "mean_samples_per_s": None,
+             "ratio_to_plain": None, "error": None} for key, name, _ in engines]
     steps: dict[int, Step] = {}
     times: dict[int, list[float]] = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for k, (_, factory) in enumerate(ENGINES):
+        for k, (_, _, factory) in enumerate(engines):
             try:
                 step = factory(copy.deepcopy(init), args)
                 for i in range(args.warmup):
@@ -161,15 +166,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--lldm", action="store_true", help="use the FedDimDP (LLDM) model")
+    parser.add_argument("--model", choices=MODEL_NAMES, default="cnn", help="backbone (default: the paper CNN)")
+    parser.add_argument("--engines", default=",".join(key for key, _, _ in ENGINES),
+                        help="comma-separated subset of " + ", ".join(key for key, _, _ in ENGINES)
+                             + " (plain SGD always runs)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.steps <= 0 or args.batch_size <= 0 or args.warmup < 0:
         parser.error("--steps and --batch-size must be > 0, --warmup >= 0")
+    args.engines = args.engines.split(",")
+    unknown = sorted(set(args.engines) - {key for key, _, _ in ENGINES})
+    if unknown:
+        parser.error(f"--engines: unknown {', '.join(unknown)}")
     rows = run(args)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        print(f"paper CNN{' + LLDM' if args.lldm else ''}, batch {args.batch_size}, {args.steps} timed steps "
+        model = "paper CNN" if args.model == "cnn" else args.model
+        print(f"{model}{' + LLDM' if args.lldm else ''}, 3x32x32 inputs, batch {args.batch_size}, {args.steps} timed steps "
               f"after {args.warmup} warm-up, {torch.get_num_threads()} threads, B / median step time\n")
         print(_markdown(rows))
 
