@@ -94,7 +94,8 @@ def _gaussian_like(grads: list[torch.Tensor], std: float, generator: torch.Gener
     if generator is None:
         raise ValueError("noise needs an explicit torch.Generator (raysim never draws DP noise from the "
                          "global RNG); derive one with raysim.rng.torch_generator")
-    return [torch.randn(g.shape, generator=generator, dtype=g.dtype, device=g.device) * std for g in grads]
+    # In place: a fresh multi-MB tensor per pass costs more than the arithmetic (page faults).
+    return [torch.randn(g.shape, generator=generator, dtype=g.dtype, device=g.device).mul_(std) for g in grads]
 
 
 def _mean_gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[list[torch.Tensor], float]:
@@ -150,7 +151,7 @@ def privatize(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, mode: str,
             res.grads = [g + c for g, c in zip(res.grads, canaries[0])]
         std = noise_multiplier * total_sensitivity(clip_norm, per_layer)
         noise = _gaussian_like(res.grads, std, generator)
-        grads = [(g + n) / expected_batch_size for g, n in zip(res.grads, noise)]
+        grads = [n.add_(g).div_(expected_batch_size) for g, n in zip(res.grads, noise)]
         return PrivateGrad(grads=grads, loss_mean=res.loss_sum / batch if batch else 0.0, batch_size=batch,
                            num_clipped=res.num_clipped, frac_clipped=res.num_clipped / batch if batch else 0.0,
                            per_example_norms=res.per_example_norms)
@@ -167,7 +168,7 @@ def privatize(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, mode: str,
         layer_of = {j: k for k, ids in enumerate(groups) for j in ids}
         std = noise_multiplier * total_sensitivity(clip_norm, per_layer)
         noise = _gaussian_like(grads, std, generator)
-        out = [g * factors[0, layer_of[j]] + n if j in layer_of else g + n
+        out = [n.add_(g * factors[0, layer_of[j]]) if j in layer_of else n.add_(g)
                for j, (g, n) in enumerate(zip(grads, noise))]
     num_clipped = batch if clipped else 0
     return PrivateGrad(grads=out, loss_mean=loss_mean, batch_size=batch, num_clipped=num_clipped,
