@@ -35,6 +35,8 @@ SUPPORTED = (nn.Conv2d, nn.Linear, nn.GroupNorm)
 #: the batch-major input with the output gradients as kernels (measured on CPU at batch 64:
 #: 3→32 5x5 on 32x32 4.1 ms against 14.6 ms with groups=B; 32→64 5x5 on 16x16 17 ms against 12 ms).
 SWAPPED_CONV_MAX_IN_CHANNELS = 4
+#: Explicit conv per-example grads are computed and held this many bytes of the batch at a time.
+CHUNK_BYTES = 4 * 2**20
 
 
 def check_supported(layers: list[nn.Module], names: dict[int, str]) -> None:
@@ -128,8 +130,24 @@ def _sq_norms(t: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(t.reshape(t.shape[0], -1), dim=1).square()
 
 
-def _weighted_sum(factors: torch.Tensor, per_example: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    return (factors @ per_example.reshape(factors.shape[0], -1)).reshape(shape)
+def _conv_per_example_chunks(layer: nn.Conv2d, records, batch: int) -> list[torch.Tensor]:
+    """Per-example weight grads, summed over the layer's calls, as consecutive chunks of the batch
+    of at most ``CHUNK_BYTES`` each: oneDNN's workspace for one groups=B call over the whole batch
+    is several times the result, and fresh multi-MB buffers cost page faults on every step."""
+    weight = layer.weight
+    size = max(1, CHUNK_BYTES // (weight.numel() * weight.element_size()))
+    return [sum(_conv_per_example_weight(layer, a[start:start + size], g[start:start + size]) for a, g in records)
+            for start in range(0, batch, size)]
+
+
+def _weighted_sum(factors: torch.Tensor, chunks: list[torch.Tensor], shape: torch.Size) -> torch.Tensor:
+    """``Σ_i c_i G_i`` from per-example ``G_i`` held in consecutive chunks of the batch."""
+    total, start = None, 0
+    for chunk in chunks:
+        part = factors[start:start + chunk.shape[0]] @ chunk.reshape(chunk.shape[0], -1)
+        total = part if total is None else total.add_(part)
+        start += chunk.shape[0]
+    return total.reshape(shape)
 
 
 class LayerStats:
@@ -142,7 +160,8 @@ class LayerStats:
                  batch: int, dtype: torch.dtype, device: torch.device) -> None:
         self.layer = layer
         self.a = self.g = None
-        self.per_example: dict[str, torch.Tensor] = {}   # parameter name → (B, *param.shape)
+        # parameter name → per-example grads (B, ...) as consecutive chunks of the batch
+        self.per_example: dict[str, list[torch.Tensor]] = {}
         self.sq_norm = torch.zeros(batch, dtype=dtype, device=device)
         if not records:
             return
@@ -152,8 +171,8 @@ class LayerStats:
             self._bias(records, batch)
             if layer.weight.requires_grad:
                 self._weight(records)
-        for t in self.per_example.values():
-            self.sq_norm = self.sq_norm + _sq_norms(t)
+        for chunks in self.per_example.values():
+            self.sq_norm = self.sq_norm + torch.cat([_sq_norms(t) for t in chunks])
 
     def _group_norm(self, records) -> None:
         layer = self.layer
@@ -168,9 +187,9 @@ class LayerStats:
                 d = g.sum(dim=dims) if dims else g
                 d_beta = d if d_beta is None else d_beta + d
         if d_gamma is not None:
-            self.per_example["weight"] = d_gamma
+            self.per_example["weight"] = [d_gamma]
         if d_beta is not None:
-            self.per_example["bias"] = d_beta
+            self.per_example["bias"] = [d_beta]
 
     def _bias(self, records, batch: int) -> None:
         bias = self.layer.bias
@@ -178,8 +197,8 @@ class LayerStats:
             return
         conv = isinstance(self.layer, nn.Conv2d)
         d_out = bias.shape[0]
-        self.per_example["bias"] = sum(g.reshape(batch, d_out, -1).sum(2) if conv
-                                       else g.reshape(batch, -1, d_out).sum(1) for _, g in records)
+        self.per_example["bias"] = [sum(g.reshape(batch, d_out, -1).sum(2) if conv
+                                        else g.reshape(batch, -1, d_out).sum(1) for _, g in records)]
 
     def _weight(self, records) -> None:
         layer = self.layer
@@ -200,10 +219,10 @@ class LayerStats:
             gg = torch.bmm(self.g.transpose(1, 2), self.g)
             self.sq_norm = self.sq_norm + (aa * gg).sum(dim=(1, 2))
         elif conv:
-            self.per_example["weight"] = sum(_conv_per_example_weight(layer, a, g) for a, g in records)
+            self.per_example["weight"] = _conv_per_example_chunks(layer, records, records[0][0].shape[0])
         else:
-            self.per_example["weight"] = sum(torch.bmm(g, a.transpose(1, 2))
-                                             for a, g in (_as_sequence(layer, *r) for r in records))
+            self.per_example["weight"] = [sum(torch.bmm(g, a.transpose(1, 2))
+                                              for a, g in (_as_sequence(layer, *r) for r in records))]
 
     def clipped_sums(self, factors: torch.Tensor) -> dict[str, torch.Tensor]:
         """``{"weight": Σ_i c_i ∇W_i, "bias": Σ_i c_i ∇b_i}`` in the parameters' shapes, for the
