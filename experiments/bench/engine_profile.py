@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from raysim.config import MODEL_NAMES
 from raysim.models import build_backbone, init_parameters
-from raysim.privacy.grad_sample import clip_factors, parametrised_layers
+from raysim.privacy.grad_sample import _channels_last, clip_factors, parametrised_layers
 from raysim.privacy.layer_grads import LayerStats
 from raysim.rng import torch_generator
 
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
         records = {id(m): [] for m in layers}
         hooks = [m.register_forward_hook(lambda mod, i, o: records[id(mod)].append((i[0].detach(), o)))
                  for m in layers]
-        loss = F.cross_entropy(model(x), y, reduction="sum")
+        loss = F.cross_entropy(model(_channels_last(x)), y, reduction="sum")
         for h in hooks:
             h.remove()
         t = lap("bk: forward with hooks", t)

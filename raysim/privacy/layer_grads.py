@@ -197,8 +197,8 @@ class LayerStats:
             return
         conv = isinstance(self.layer, nn.Conv2d)
         d_out = bias.shape[0]
-        self.per_example["bias"] = [sum(g.reshape(batch, d_out, -1).sum(2) if conv
-                                        else g.reshape(batch, -1, d_out).sum(1) for _, g in records)]
+        self.per_example["bias"] = [sum(g.sum(dim=(2, 3)) if conv else g.reshape(batch, -1, d_out).sum(1)
+                                        for _, g in records)]
 
     def _weight(self, records) -> None:
         layer = self.layer
