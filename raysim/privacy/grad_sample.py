@@ -205,7 +205,16 @@ class BookKeepingEngine:
         handles = [m.register_forward_hook(hook) for m in layers]
         try:
             with torch.enable_grad():
-                logits = model(_channels_last(x))
+                nhwc = _channels_last(x)
+                try:
+                    logits = model(nhwc)
+                except RuntimeError:
+                    if nhwc is x:
+                        raise
+                    # A model that .view()s its feature maps needs NCHW: run it as given.
+                    for recs in records.values():
+                        recs.clear()
+                    logits = model(x)
         finally:
             for h in handles:
                 h.remove()

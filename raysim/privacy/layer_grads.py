@@ -14,8 +14,9 @@ result, down to the last bit, does not depend on the machine's load):
   than memory alone). An explicit conv ``G_i`` is computed without unfolding the input: for few
   input channels as one convolution of the padded input (channels and batch swapped) with the
   output gradients as kernels, which oneDNN runs several times faster than the alternative; else
-  as the weight gradient of a conv with groups=B. The clipped sum of explicit ``G_i`` is a
-  (B)·(B × D_out·D_in) product.
+  as the weight gradient of a conv with groups=B, a few MB of the batch at a time (one call over
+  the whole batch needs a workspace that costs thousands of page faults per step). The clipped
+  sum of explicit ``G_i`` is a (B)·(B × D_out·D_in) product per chunk.
 - ``GroupNorm`` (affine): per-example ``dγ_c = Σ g·x̂`` and ``dβ_c = Σ g`` over the channel's
   positions, with ``x̂`` the normalised input, recomputed from the recorded input.
 """

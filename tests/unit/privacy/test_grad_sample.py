@@ -320,3 +320,28 @@ def test_group_norm_with_frozen_weight():
     res = make_engine("bk").clipped_sum(model, x, y, 0.3)
     _assert_grads_close(res.grads, want)
     torch.testing.assert_close(res.per_example_norms, norms, **TOL)
+
+
+class ViewNet(nn.Module):
+    """Flattens with .view(), which a channels-last feature map refuses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.fc = nn.Linear(4 * 6 * 6, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.conv(x))
+        return self.fc(h.view(h.shape[0], -1))
+
+
+def test_model_that_views_its_feature_maps():
+    torch.manual_seed(0)
+    model = ViewNet().double()
+    x, y = _data((3, 8, 8), 3)
+    with pytest.raises(RuntimeError, match="view"):
+        model(x.contiguous(memory_format=torch.channels_last))   # the case the engine falls back on
+    want, norms, _, _, _ = naive(model, per_example_grads(model, x, y), 0.5)
+    res = make_engine("bk").clipped_sum(model, x, y, 0.5)
+    _assert_grads_close(res.grads, want)
+    torch.testing.assert_close(res.per_example_norms, norms, **TOL)
