@@ -131,13 +131,22 @@ def _sq_norms(t: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(t.reshape(t.shape[0], -1), dim=1).square()
 
 
+def _total(tensors) -> torch.Tensor:
+    """Sum over a layer's calls; unlike ``sum()``, no ``0 + t`` copy for the usual single call."""
+    it = iter(tensors)
+    total = next(it)
+    for t in it:
+        total = total + t
+    return total
+
+
 def _conv_per_example_chunks(layer: nn.Conv2d, records, batch: int) -> list[torch.Tensor]:
     """Per-example weight grads, summed over the layer's calls, as consecutive chunks of the batch
     of at most ``CHUNK_BYTES`` each: oneDNN's workspace for one groups=B call over the whole batch
     is several times the result, and fresh multi-MB buffers cost page faults on every step."""
     weight = layer.weight
     size = max(1, CHUNK_BYTES // (weight.numel() * weight.element_size()))
-    return [sum(_conv_per_example_weight(layer, a[start:start + size], g[start:start + size]) for a, g in records)
+    return [_total(_conv_per_example_weight(layer, a[start:start + size], g[start:start + size]) for a, g in records)
             for start in range(0, batch, size)]
 
 
@@ -198,8 +207,8 @@ class LayerStats:
             return
         conv = isinstance(self.layer, nn.Conv2d)
         d_out = bias.shape[0]
-        self.per_example["bias"] = [sum(g.sum(dim=(2, 3)) if conv else g.reshape(batch, -1, d_out).sum(1)
-                                        for _, g in records)]
+        self.per_example["bias"] = [_total(g.sum(dim=(2, 3)) if conv else g.reshape(batch, -1, d_out).sum(1)
+                                           for _, g in records)]
 
     def _weight(self, records) -> None:
         layer = self.layer
@@ -222,7 +231,7 @@ class LayerStats:
         elif conv:
             self.per_example["weight"] = _conv_per_example_chunks(layer, records, records[0][0].shape[0])
         else:
-            self.per_example["weight"] = [sum(torch.bmm(g, a.transpose(1, 2))
+            self.per_example["weight"] = [_total(torch.bmm(g, a.transpose(1, 2))
                                               for a, g in (_as_sequence(layer, *r) for r in records))]
 
     def clipped_sums(self, factors: torch.Tensor) -> dict[str, torch.Tensor]:
