@@ -110,6 +110,13 @@ def _conv_per_example_weight(layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor)
     return _conv_grouped(layer, a, g)
 
 
+def _conv_weight_grad(layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """The ordinary (batch-summed) weight gradient of ``layer`` for input ``a`` and output grad ``g``."""
+    a, padding = _padded_input(layer, a)
+    return torch.nn.grad.conv2d_weight(a, layer.weight.shape, g, stride=layer.stride, padding=padding,
+                                       dilation=layer.dilation)
+
+
 def _unfold_input(layer: nn.Conv2d, a: torch.Tensor) -> torch.Tensor:
     """Conv input (B, Cin, H, W) → patches (B, Cin·kh·kw, L), in the order of ``weight.view(Cout, -1)``."""
     a, padding = _padded_input(layer, a)
@@ -169,7 +176,7 @@ class LayerStats:
     def __init__(self, layer: nn.Module, records: list[tuple[torch.Tensor, torch.Tensor]],
                  batch: int, dtype: torch.dtype, device: torch.device) -> None:
         self.layer = layer
-        self.a = self.g = None
+        self.a = self.g = self.scaled_records = None
         # parameter name → per-example grads (B, ...) as consecutive chunks of the batch
         self.per_example: dict[str, list[torch.Tensor]] = {}
         self.sq_norm = torch.zeros(batch, dtype=dtype, device=device)
@@ -223,11 +230,16 @@ class LayerStats:
         elif positions * (d_in + d_out) < d_in * d_out:
             # Ghost norm ‖g aᵀ‖_F² = ⟨aᵀa, gᵀg⟩ over position pairs.
             seqs = [_as_sequence(layer, a, g) for a, g in records]
-            self.a = torch.cat([a for a, _ in seqs], dim=2) if len(seqs) > 1 else seqs[0][0]
-            self.g = torch.cat([g for _, g in seqs], dim=2) if len(seqs) > 1 else seqs[0][1]
-            aa = torch.bmm(self.a.transpose(1, 2), self.a)
-            gg = torch.bmm(self.g.transpose(1, 2), self.g)
+            a_seq = torch.cat([a for a, _ in seqs], dim=2) if len(seqs) > 1 else seqs[0][0]
+            g_seq = torch.cat([g for _, g in seqs], dim=2) if len(seqs) > 1 else seqs[0][1]
+            aa = torch.bmm(a_seq.transpose(1, 2), a_seq)
+            gg = torch.bmm(g_seq.transpose(1, 2), g_seq)
             self.sq_norm = self.sq_norm + (aa * gg).sum(dim=(1, 2))
+            # The clipped sum is an ordinary weight gradient with g pre-scaled by the clip factors:
+            # for a conv, oneDNN's weight-grad call on the recorded maps beats contracting the patches.
+            self.scaled_records = list(records) if conv else None
+            if not conv:
+                self.a, self.g = a_seq, g_seq
         elif conv:
             self.per_example["weight"] = _conv_per_example_chunks(layer, records, records[0][0].shape[0])
         else:
@@ -243,6 +255,9 @@ class LayerStats:
                 continue
             if pname in self.per_example:
                 out[pname] = _weighted_sum(factors, self.per_example[pname], p.shape)
+            elif pname == "weight" and self.scaled_records is not None:
+                out[pname] = _total(_conv_weight_grad(self.layer, a, g * factors.view(-1, 1, 1, 1))
+                                    for a, g in self.scaled_records)
             elif pname == "weight" and self.a is not None:
                 scaled = self.g * factors.view(-1, *([1] * (self.g.dim() - 1)))
                 if self.a.dim() == 2:

@@ -103,6 +103,22 @@ class GroupNormNet(nn.Module):
         return self.head(torch.tanh(self.norm3(self.fc1(x.flatten(1)))))
 
 
+class GhostConvNet(nn.Module):
+    """Convs with few output positions (ghost-norm path, clipped sum as a conv weight grad):
+    strided and dilated, then 'same' with reflect padding, the latter called twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 32, 3, stride=2, dilation=2, padding=1)              # 7x7 -> 3x3
+        self.conv2 = nn.Conv2d(32, 32, 3, padding="same", padding_mode="reflect")
+        self.head = nn.Linear(32 * 9, 4)
+
+    def forward(self, x):
+        x = torch.tanh(self.conv1(x))
+        x = torch.tanh(self.conv2(torch.tanh(self.conv2(x))))
+        return self.head(x.flatten(1))
+
+
 def _between_middle(values: torch.Tensor) -> float:
     ordered = values.sort().values
     mid = len(ordered) // 2
@@ -123,12 +139,14 @@ def _model(kind: str) -> tuple[nn.Module, tuple[int, ...], int]:
         return build_model(3, 32, 10, lldm=True).double(), (3, 32, 32), 10
     if kind == "cnn8_gray":   # conv2 here takes the ghost-norm path (L = 16: 16·(800 + 64) < 800·64)
         return build_model(1, 8, 10).double(), (1, 8, 8), 10
+    if kind == "ghost_conv":  # 9·(27 + 32) < 27·32 and (2 calls) 18·(288 + 32) < 288·32
+        return GhostConvNet().double(), (3, 7, 7), 4
     if kind in ("gn_lldm", "gn"):
         return GroupNormNet(sparsify=kind == "gn_lldm").double(), (3, 8, 8), 5
     return OddConvNet().double(), (3, 11, 11), 4
 
 
-MODELS = ["cnn32", "cnn32_lldm", "cnn8_gray", "odd_conv", "gn_lldm"]
+MODELS = ["cnn32", "cnn32_lldm", "cnn8_gray", "odd_conv", "gn_lldm", "ghost_conv"]
 
 
 def _assert_grads_close(got, want):
@@ -159,7 +177,7 @@ def test_bk_matches_naive_loop_flat(kind):
     assert all(p.grad is None for p in model.parameters())
 
 
-@pytest.mark.parametrize("kind", ["cnn32_lldm", "cnn8_gray", "odd_conv", "gn_lldm"])
+@pytest.mark.parametrize("kind", ["cnn32_lldm", "cnn8_gray", "odd_conv", "gn_lldm", "ghost_conv"])
 def test_bk_matches_naive_loop_per_layer(kind):
     model, shape, classes = _model(kind)
     x, y = _data(shape, classes, seed=1)
