@@ -11,7 +11,8 @@ result, down to the last bit, does not depend on the machine's load):
   ``G_i = g_i a_iᵀ`` (D_out × D_in): the ghost norm ``⟨a_iᵀa_i, g_iᵀg_i⟩`` costs about
   ``B·T²·(D_in + D_out)`` multiply-adds, the explicit ``G_i`` ``B·T·D_in·D_out``; the cheaper is
   taken (mixed ghost clipping, Bu et al. 2022, with the cost model of both contractions rather
-  than memory alone). An explicit conv ``G_i`` is computed without unfolding the input: for few
+  than memory alone). On the ghost path a conv's clipped sum is one ordinary weight-gradient
+  call with the output gradients pre-scaled by the clip factors. An explicit conv ``G_i`` is computed without unfolding the input: for few
   input channels as one convolution of the padded input (channels and batch swapped) with the
   output gradients as kernels, which oneDNN runs several times faster than the alternative; else
   as the weight gradient of a conv with groups=B, a few MB of the batch at a time (one call over
