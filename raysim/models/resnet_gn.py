@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -31,7 +33,7 @@ class ResNet18GN(ResNet):
     def __init__(self, in_channels: int, num_classes: int, groups: int, *, small_input: bool,
                  lldm: LLDMBlock | None = None) -> None:
         super().__init__(OutOfPlaceBasicBlock, [2, 2, 2, 2], num_classes=num_classes,
-                         norm_layer=lambda channels: nn.GroupNorm(groups, channels))
+                         norm_layer=partial(nn.GroupNorm, groups))  # picklable, unlike a lambda
         self.relu = nn.ReLU()
         if small_input:
             self.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)

@@ -105,3 +105,12 @@ def test_bk_clipped_sum_matches_vmap_on_backbones(name, lldm):
     torch.testing.assert_close(res.per_example_norms, ref.per_example_norms, rtol=1e-9, atol=0)
     for got, want in zip(res.grads, ref.grads):
         torch.testing.assert_close(got, want, rtol=1e-8, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", BACKBONES)
+def test_backbones_pickle(name):
+    import pickle
+
+    model = _init(build_backbone(name, 3, 32, 10, lldm=True))
+    copy = pickle.loads(pickle.dumps(model))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), copy.parameters()))
