@@ -40,8 +40,13 @@ class TrainingDiverged(RuntimeError):
 class Executor(Protocol):
     """Where the clients of a run execute (serial in-process, or Ray actors)."""
 
-    def start(self, cfg: Config, clipping: str, train: Any, clients: Sequence[ClientData]) -> None: ...
-    def run_round(self, payload: RoundPayload, tasks: Sequence[ClientTask]) -> list[ClientResult]: ...
+    def start(self, cfg: Config, clipping: str, train: Any) -> None:
+        """Begin starting the workers; may return before they are ready (they start while the server plans)."""
+    def ready(self) -> None:
+        """Block until every worker can take tasks."""
+    def run_round(self, payload: RoundPayload, tasks: Sequence[ClientTask],
+                  clients: Sequence[ClientData]) -> list[ClientResult]:
+        """Train ``tasks`` (``clients[j]``: the shard of ``tasks[j]``); results sorted by client id."""
     def shutdown(self) -> None: ...
 
 
@@ -54,6 +59,7 @@ class SetupRecord:
     clipping: str
     noise_multipliers: list[float]
     not_covered_by_epsilon: str
+    startup_seconds: float = 0.0       # Simulation construction until every worker is ready
     resumed_after: int = 0             # rounds restored from a checkpoint (0: a fresh run)
 
 
@@ -105,12 +111,24 @@ class Simulation:
 
     def __init__(self, cfg: Config, train: ArrayDataset, test: ArrayDataset, executor: Executor,
                  train_handle: Any = None) -> None:
+        started = time.perf_counter()
         torch.set_num_threads(cfg.runtime.torch_threads)
         cfg = resolve_preset(cfg)
         self.cfg = cfg
         self.spec = get_method(cfg.method)
         self.clipping = resolve_clipping(self.spec, cfg)
         self.executor = executor
+        # The workers start (processes, imports, model) while this process partitions and calibrates σ.
+        executor.start(cfg, self.clipping, train if train_handle is None else train_handle)
+        try:
+            self._plan(cfg, train, test)
+            executor.ready()
+        except BaseException:
+            executor.shutdown()
+            raise
+        self.setup.startup_seconds = time.perf_counter() - started
+
+    def _plan(self, cfg: Config, train: ArrayDataset, test: ArrayDataset) -> None:
         self.clients = make_partition(cfg, train.y)
         stats = [partition_stats(train.y, [c.train_indices for c in self.clients], train.info.num_classes).assign(split="train"),
                  partition_stats(train.y, [c.val_indices for c in self.clients], train.info.num_classes).assign(split="val")]
@@ -138,7 +156,6 @@ class Simulation:
         self.server = self.spec.server(ctx)
         self.client_states: dict[int, Any] = {}
         self.completed_rounds = 0
-        executor.start(cfg, self.clipping, train if train_handle is None else train_handle, self.clients)
         self.setup = SetupRecord(pd.concat(stats, ignore_index=True), count_parameters(self.model), self.clipping,
                                  [float(s) for s in self.sigmas], not_covered(self.spec, cfg, self.clipping))
 
@@ -184,7 +201,7 @@ class Simulation:
         t0 = time.perf_counter()
         payload = self.server.payload(t, self.weights)
         tasks = self.server.tasks(t, self.client_states)
-        results = self.executor.run_round(payload, tasks)
+        results = self.executor.run_round(payload, tasks, [self.clients[task.client_id] for task in tasks])
         t1 = time.perf_counter()
         if [r.client_id for r in results] != list(range(cfg.num_clients)):
             raise RuntimeError(f"round {t}: executor returned clients {[r.client_id for r in results]}")

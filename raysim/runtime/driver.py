@@ -90,9 +90,10 @@ class RayBackend:
     """Runs the simulation in a driver actor on Ray (joining ``address`` or starting a local Ray);
     ``placement_group`` co-locates the run's actors (sweeps)."""
 
-    def __init__(self, address: str | None = None, placement_group: Any = None) -> None:
+    def __init__(self, address: str | None = None, placement_group: Any = None, pool: Any = None) -> None:
         self.address = address
         self.placement_group = placement_group
+        self.pool = pool
 
     def start(self, cfg: Config, train: Any, test: Any, resume: bytes | None = None
               ) -> tuple[SetupRecord, Iterator[RoundRecord], dict[str, Any]]:

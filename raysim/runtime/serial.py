@@ -16,12 +16,16 @@ class SerialExecutor:
     def __init__(self) -> None:
         self.runner: ClientRunner | None = None
 
-    def start(self, cfg: Config, clipping: str, train: Any, clients: Sequence[ClientData]) -> None:
-        self.runner = ClientRunner(cfg, clipping, train, clients)
+    def start(self, cfg: Config, clipping: str, train: Any) -> None:
+        self.runner = ClientRunner(cfg, clipping, train)
 
-    def run_round(self, payload: RoundPayload, tasks: Sequence[ClientTask]) -> list[ClientResult]:
+    def ready(self) -> None:
+        return None
+
+    def run_round(self, payload: RoundPayload, tasks: Sequence[ClientTask],
+                  clients: Sequence[ClientData]) -> list[ClientResult]:
         assert self.runner is not None, "start() first"
-        return sorted((self.runner.train(payload, t) for t in tasks), key=lambda r: r.client_id)
+        return sorted((self.runner.train(payload, t, c) for t, c in zip(tasks, clients)), key=lambda r: r.client_id)
 
     def shutdown(self) -> None:
         self.runner = None
