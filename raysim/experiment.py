@@ -91,10 +91,11 @@ def run_experiment(cfg: Config, results_dir: str, backend: Backend, *, sweep_id:
         row = run_row(cfg, sweep_id, "running")
     sink.write_run(row)
     t0 = time.perf_counter() - float(row.get("wall_seconds") or 0.0)
+    records: Any = None
     try:
         setup, records, placement = backend.start(cfg, train, test, resume=blob)
         row.update(placement)
-        row.update(clipping=setup.clipping, noise_multiplier=max(setup.noise_multipliers),
+        row.update(clipping=setup.clipping, noise_multiplier=max(setup.noise_multipliers), startup_seconds=setup.startup_seconds,
                    not_covered_by_epsilon=setup.not_covered_by_epsilon, num_params=setup.num_params)
         sink.write_partition(run_id, setup.partition_stats)
         sink.write_run(row)
@@ -113,6 +114,9 @@ def run_experiment(cfg: Config, results_dir: str, backend: Backend, *, sweep_id:
             if on_round:
                 on_round(rec)
     except BaseException as exc:
+        close = getattr(records, "close", None)
+        if close is not None:   # end the backend's run (its actors) even if the stream never started
+            close()
         row.update(status="failed", error=f"{type(exc).__name__}: {exc}", end_time=now(), wall_seconds=time.perf_counter() - t0)
         sink.write_run(row)
         raise

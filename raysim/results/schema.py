@@ -20,6 +20,8 @@ RUNS = pa.schema([
     ("clipping", STR), ("accountant", STR), ("not_covered_by_epsilon", STR), ("num_params", I64),
     ("wall_seconds", F64), ("code_version", STR), ("hostname", STR),
     ("client_nodes", STR), ("writer_node", STR),   # Ray node ids: client actors (JSON list), row writer
+    ("startup_seconds", F64),                      # Simulation construction until every client worker is ready
+    ("warm_actors", pa.bool_()),                   # Ray: actors borrowed from a sweep's warm pool
 ])
 
 ROUNDS = pa.schema([

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import uuid
 from collections import deque
 from typing import Any, Sequence
 
@@ -34,28 +35,43 @@ from raysim.messages import ClientData, ClientResult, ClientTask, RoundPayload
 
 @ray.remote
 class ClientActor:
-    """Hosts one :class:`ClientRunner`; trains whichever client a task names."""
+    """Hosts one :class:`ClientRunner`; trains whichever client a task names.
 
-    def __init__(self, cfg: Config, clipping: str, train_ref: list) -> None:
-        if cfg.runtime.gpu_memory_fraction is not None and cfg.runtime.num_gpus_per_client > 0:
+    Every task carries its run's setup ``(token, cfg, clipping)`` (one object per run): the actor
+    (re)configures its runner whenever the token changes, so a warm actor lent to the next run of
+    a sweep, or an actor Ray restarted mid-run, always trains with the run's own configuration.
+    """
+
+    def __init__(self, train_ref: list, gpu_memory_fraction: float | None = None) -> None:
+        if gpu_memory_fraction is not None:
             import torch
             if torch.cuda.is_available():
                 # Fractional num_gpus only limits scheduling; cap this process's CUDA memory explicitly.
-                torch.cuda.set_per_process_memory_fraction(cfg.runtime.gpu_memory_fraction)
-        self.runner = ClientRunner(cfg, clipping, ray.get(train_ref[0]))
+                torch.cuda.set_per_process_memory_fraction(gpu_memory_fraction)
+        self.train_data = ray.get(train_ref[0])
+        self.runner: ClientRunner | None = None
+        self.token: str | None = None
         self.trained: set[int] = set()
 
     def ready(self) -> bool:
         return True
 
-    def configure(self, cfg: Config, clipping: str) -> None:
-        """Re-target a warm actor at another run on the same data."""
-        self.runner.configure(cfg, clipping)
-        self.trained = set()
+    def _runner(self, setup: tuple[str, Config, str]) -> ClientRunner:
+        token, cfg, clipping = setup
+        if token != self.token or self.runner is None:
+            if self.runner is None:
+                self.runner = ClientRunner(cfg, clipping, self.train_data)
+            else:
+                self.runner.configure(cfg, clipping)
+            self.token = token
+            self.trained = set()
+        return self.runner
 
-    def train(self, payload: RoundPayload, task: ClientTask, client: ClientData) -> ClientResult:
+    def train(self, payload: RoundPayload, task: ClientTask, client: ClientData,
+              setup: tuple[str, Config, str]) -> ClientResult:
+        runner = self._runner(setup)
         self.trained.add(task.client_id)
-        return self.runner.train(payload, task, client)
+        return runner.train(payload, task, client)
 
     def modules(self) -> list[str]:
         """Names in this process's ``sys.modules`` (the import-path test)."""
@@ -90,9 +106,23 @@ def cpus_per_actor(cfg: Config, num_actors: int) -> float:
     return max(0.01, math.floor(min(1.0, total / num_actors) * 1e4) / 1e4)
 
 
+def start_client_actors(cfg: Config, train_ref: list, placement_group: Any = None) -> list[Any]:
+    """Request the run's pool of client actors (:func:`actor_count` of them); returns at once."""
+    num_actors = actor_count(cfg)
+    options: dict[str, Any] = {
+        "num_cpus": cpus_per_actor(cfg, num_actors), "num_gpus": cfg.runtime.num_gpus_per_client,
+        "max_restarts": cfg.runtime.max_actor_restarts, "max_task_retries": cfg.runtime.max_actor_restarts,
+    }
+    if placement_group is not None:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(placement_group)
+    fraction = cfg.runtime.gpu_memory_fraction if cfg.runtime.num_gpus_per_client > 0 else None
+    return [ClientActor.options(**options).remote(train_ref, fraction) for _ in range(num_actors)]
+
+
 class RayExecutor:
     """Executor over a pool of Ray actors; ``placement_group`` (optional) co-locates a run's actors,
-    ``actors`` (optional) are warm actors on the same data to reuse (reconfigured for this run)."""
+    ``actors`` (optional) are actors already started on the same data (a sweep's warm pool)."""
 
     #: Tasks in flight per actor: the second is queued on the actor, so it never waits for the driver.
     DEPTH = 2
@@ -105,25 +135,17 @@ class RayExecutor:
         self.startup_seconds = 0.0
 
     def start(self, cfg: Config, clipping: str, train: Any) -> None:
-        """Ask Ray for the actors and return at once: they start while the server plans the run."""
+        """Ask Ray for the actors (or re-target the given ones) and return at once: they start while
+        the server plans the run."""
         self._t0 = time.perf_counter()
         train_ref = train if isinstance(train, list) else [ray.put(train)]
         # Held for the executor's lifetime: a restarted actor re-runs __init__ with these same
         # arguments, and the train arrays must still exist in the object store then.
         self.train_ref = train_ref
-        if self.actors:
-            self._pending = [a.configure.remote(cfg, clipping) for a in self.actors]
-            return
-        num_actors = actor_count(cfg)
-        options: dict[str, Any] = {
-            "num_cpus": cpus_per_actor(cfg, num_actors), "num_gpus": cfg.runtime.num_gpus_per_client,
-            "max_restarts": cfg.runtime.max_actor_restarts, "max_task_retries": cfg.runtime.max_actor_restarts,
-        }
-        if self.placement_group is not None:
-            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.placement_group)
-        self.actors = [ClientActor.options(**options).remote(cfg, clipping, train_ref) for _ in range(num_actors)]
-        self._pending = [a.ready.remote() for a in self.actors]
+        self.setup_ref = ray.put((uuid.uuid4().hex, cfg, clipping))
+        if not self.actors:
+            self.actors = start_client_actors(cfg, train_ref, self.placement_group)
+            self._pending = [a.ready.remote() for a in self.actors]
 
     def ready(self) -> None:
         """Block until every actor has started (imports done, model built)."""
@@ -143,7 +165,7 @@ class RayExecutor:
 
         def submit(k: int) -> None:
             j = queue.popleft()
-            running[self.actors[k].train.remote(payload_ref, tasks[j], clients[j])] = k
+            running[self.actors[k].train.remote(payload_ref, tasks[j], clients[j], self.setup_ref)] = k
 
         for _ in range(self.DEPTH):
             for k in range(len(self.actors)):
