@@ -160,6 +160,14 @@ class ParticipationPlan:
         self.factor = accounting_factor(clipping, spec.client.releases_for(cfg)) if clipping != "none" else 0.0
         self.channels = side_channels(spec, cfg) if clipping != "none" else []
         self.memo: dict[tuple, float] = {}
+        most = max((len(r) for r in rounds_of), default=0)
+        side = channels_event(self.channels, most) if self.channels and most else None
+        p = cfg.privacy
+        if side is not None and p.epsilon is not None and compute_epsilon([side], p.delta, p.accountant) >= p.epsilon:
+            # Checked up front (one evaluation), not when the busiest client first trains.
+            raise ConfigError(f"the side channels alone ({', '.join(c.name for c in self.channels)}) spend more "
+                              f"than privacy.epsilon={p.epsilon} over a client's {most} rounds; raise their noise "
+                              f"multipliers")
 
     def key(self, client_id: int) -> tuple:
         """(q_i, τ_i, ((schedule value, rounds with it), ...)): clients with equal keys share σ."""

@@ -165,3 +165,8 @@ def test_acdn_key_holds_the_schedule_values_of_the_clients_rounds():
 def test_given_sigma_and_no_dp_need_no_calibration():
     plan, _ = _plan("fedsa", privacy={"noise_multiplier": 1.3})
     assert plan.sigma(0) == 1.3 and plan.memo == {}
+
+
+def test_side_channels_beyond_the_budget_fail_at_set_up():
+    with pytest.raises(ConfigError, match="side channels alone"):
+        _plan("feddimdp", adpc={"histogram_noise_multiplier": 0.2})
