@@ -22,7 +22,10 @@ from typing import Any, Mapping
 import yaml
 
 __all__ = ["ConfigError", "Config", "load_config", "config_from_dict", "apply_overrides", "config_to_dict",
-           "config_hash", "parse_override", "run_id_for", "result_hash", "CLIPPING_MODES"]
+           "config_hash", "parse_override", "run_id_for", "result_hash", "CLIPPING_MODES", "PARTICIPATION_MODES"]
+
+#: ``participation`` modes (R): how a round's clients are drawn when ``clients_per_round`` is set.
+PARTICIPATION_MODES = ("uniform", "poisson")
 
 #: ``privacy.clipping`` modes once resolved (``auto`` resolves to one of them).
 CLIPPING_MODES = ("per_sample", "batch", "none")
@@ -163,6 +166,9 @@ class Config:
     rounds: int = 10
     seed: int = 0
     num_clients: int = 10
+    clients_per_round: int | None = None  # k clients train per round (None: all clients, every round)
+    participation: str = "uniform"     # (R) how the k are drawn: uniform (exactly k, without replacement) |
+                                       # poisson (each client independently with probability k/N)
     local_epochs: int = 1
     batch_size: int = 64
     lr: float = 0.01
@@ -260,6 +266,10 @@ def validate(cfg: Config) -> Config:
             _fail(key, f"must be >= 1, got {getattr(cfg, key)}")
     if cfg.seed < 0:
         _fail("seed", f"must be >= 0, got {cfg.seed}")
+    if cfg.clients_per_round is not None and not 1 <= cfg.clients_per_round <= cfg.num_clients:
+        _fail("clients_per_round", f"must be in [1, num_clients={cfg.num_clients}] (or null: all clients), "
+                                   f"got {cfg.clients_per_round}")
+    _choice("participation", cfg.participation, PARTICIPATION_MODES)
     if not cfg.lr > 0:
         _fail("lr", f"must be > 0, got {cfg.lr}")
     d, p, r = cfg.data, cfg.privacy, cfg.runtime
@@ -408,7 +418,11 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
 
 def config_hash(cfg: Config) -> str:
     """Stable hash of the resolved config (key order and float formatting independent)."""
-    blob = json.dumps(config_to_dict(cfg), sort_keys=True, default=str)
+    return _hash_dict(config_to_dict(cfg))
+
+
+def _hash_dict(values: dict[str, Any]) -> str:
+    blob = json.dumps(values, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -423,7 +437,12 @@ def result_hash(cfg: Config) -> str:
     """Hash of the result-relevant config. Where and how fast a run executes does not change its
     results (the determinism test), so the runtime section and data paths are not part of it."""
     d = dataclasses.replace(cfg.data, root=None, cache_dir=None, download=False)
-    return config_hash(cfg.replace(runtime=RuntimeConfig(), data=d))
+    values = config_to_dict(cfg.replace(runtime=RuntimeConfig(), data=d))
+    if cfg.clients_per_round is None:
+        # Full participation: `participation` changes nothing, and leaving both keys out keeps the run ids
+        # of results written before the keys existed (their runs resume into the same rows).
+        del values["clients_per_round"], values["participation"]
+    return _hash_dict(values)
 
 
 def run_id_for(cfg: Config) -> str:
