@@ -14,6 +14,7 @@ from raysim.algorithms.registry import get_method
 from raysim.algorithms.uploads import UploadContext
 from raysim.config import Config
 from raysim.data import ArrayDataset, to_float_tensor
+from raysim.metrics import Evaluation, evaluate
 from raysim.models import model_for
 from raysim.privacy.grad_sample import layer_slices, make_engine
 from raysim.rng import np_generator
@@ -30,6 +31,13 @@ def to_device(obj: Any, device: torch.device) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(to_device(v, device) for v in obj)
     return obj
+
+
+def eval_where(cfg: Config) -> str:
+    """``runtime.eval_on`` resolved: ``auto`` evaluates on a client actor when clients have GPU shares."""
+    if cfg.runtime.eval_on != "auto":
+        return cfg.runtime.eval_on
+    return "actor" if cfg.runtime.num_gpus_per_client > 0 else "driver"
 
 
 def client_device(cfg: Config) -> torch.device:
@@ -64,6 +72,11 @@ class ClientRunner:
         self.layer_slices = layer_slices(self.model)
         self.engine = make_engine(cfg.privacy.engine)
         self.uploads = self.spec.uploads(cfg)
+
+    def evaluate(self, weights: torch.Tensor, x: torch.Tensor, y: torch.Tensor, num_classes: int) -> Evaluation:
+        """The global model ``weights`` on a test set, on this runner's device (``runtime.eval_on=actor``)."""
+        vector_to_parameters(weights.to(self.device), self.model.parameters())
+        return evaluate(self.model, x.to(self.device), y.to(self.device), num_classes, self.cfg.eval_batch_size)
 
     def tensors(self, client: ClientData) -> tuple[torch.Tensor, ...]:
         """(x, y, x_val, y_val) of one client, built from the shared arrays on the runner's device."""

@@ -74,6 +74,8 @@ class RuntimeConfig:
     torch_threads: int = 1             # per actor and serial executor: results must not depend on it
     max_actor_restarts: int = 3
     checkpoint_every: int = 1          # save a resumable checkpoint every k rounds (0: never)
+    eval_on: str = "auto"              # where the global model is evaluated: driver | actor (a client actor,
+                                       # on its GPU share if it has one) | auto (actor when clients have GPUs)
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,7 @@ class Config:
     lr: float = 0.01
     momentum: float = 0.0
     eval_batch_size: int = 1000
+    eval_every: int = 1                # evaluate the global model every k rounds, and always after the last one
     data: DataConfig = field(default_factory=DataConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
@@ -261,7 +264,7 @@ def _choice(key: str, value: str, choices: tuple[str, ...]) -> None:
 
 def validate(cfg: Config) -> Config:
     """Range checks that do not need the registries (methods and datasets check themselves)."""
-    for key in ("rounds", "num_clients", "local_epochs", "batch_size", "eval_batch_size"):
+    for key in ("rounds", "num_clients", "local_epochs", "batch_size", "eval_batch_size", "eval_every"):
         if getattr(cfg, key) < 1:
             _fail(key, f"must be >= 1, got {getattr(cfg, key)}")
     if cfg.seed < 0:
@@ -291,6 +294,7 @@ def validate(cfg: Config) -> Config:
     if not p.clip_norm > 0:
         _fail("privacy.clip_norm", f"must be > 0, got {p.clip_norm}")
     _choice("runtime.executor", r.executor, ("ray", "serial"))
+    _choice("runtime.eval_on", r.eval_on, ("auto", "driver", "actor"))
     if r.num_actors is not None and r.num_actors < 1:
         _fail("runtime.num_actors", f"must be >= 1, got {r.num_actors}")
     if r.num_cpus_per_client is not None and not r.num_cpus_per_client > 0:
@@ -442,6 +446,8 @@ def result_hash(cfg: Config) -> str:
         # Full participation: `participation` changes nothing, and leaving both keys out keeps the run ids
         # of results written before the keys existed (their runs resume into the same rows).
         del values["clients_per_round"], values["participation"]
+    if cfg.eval_every == 1:
+        del values["eval_every"]       # the default: run ids of results written before the key existed stay the same
     return _hash_dict(values)
 
 

@@ -23,7 +23,7 @@ from raysim.algorithms.base import MethodContext
 from raysim.algorithms.registry import get_method, resolve_preset
 from raysim.config import Config, ConfigError, server_holdout_size
 from raysim.data import ArrayDataset, partition, partition_stats, to_float_tensor, train_val_split
-from raysim.metrics import evaluate
+from raysim.metrics import Evaluation, evaluate
 from raysim.models import count_parameters, init_parameters, model_for
 from raysim.privacy.accounting import PrivacyLedger, epsilon_many
 from raysim.privacy.grad_sample import layer_slices
@@ -49,6 +49,8 @@ class Executor(Protocol):
     def run_round(self, payload: RoundPayload, tasks: Sequence[ClientTask],
                   clients: Sequence[ClientData]) -> list[ClientResult]:
         """Train ``tasks`` (``clients[j]``: the shard of ``tasks[j]``); results sorted by client id."""
+    def evaluate(self, weights: torch.Tensor, x: torch.Tensor, y: torch.Tensor, num_classes: int) -> Any:
+        """Evaluate the global model on a worker (``runtime.eval_on``), or return None to leave it to the server."""
     def shutdown(self) -> None: ...
 
 
@@ -276,8 +278,7 @@ class Simulation:
             # Only the participants' ledgers changed; everyone else keeps the ε of an earlier round.
             self.epsilons[participants] = epsilon_many([self.ledgers[cid] for cid in participants])
         t3 = time.perf_counter()
-        vector_to_parameters(self.weights.clone(), self.model.parameters())
-        ev = evaluate(self.model, self.test_x, self.test_y, self.info.num_classes, cfg.eval_batch_size)
+        ev = self.evaluate(t)
         t4 = time.perf_counter()
         clip_total = float(np.sqrt(np.sum(np.square(clip)))) if isinstance(clip, tuple) else float(clip)
         slowest = max((r.seconds for r in results), default=0.0)
@@ -300,6 +301,17 @@ class Simulation:
             row.update(logs)
             client_rows.append(row)
         return RoundRecord(t, round_row, client_rows, max_noise_multiplier=self.planned_max_sigma())
+
+    def evaluate(self, t: int) -> Evaluation:
+        """Test metrics of the global model after round ``t``: every ``eval_every`` rounds and after the
+        last round (NaN in between), on a worker or here (``runtime.eval_on``)."""
+        if t % self.cfg.eval_every and t != self.cfg.rounds:
+            return Evaluation(math.nan, math.nan, math.nan)
+        remote = self.executor.evaluate(self.weights, self.test_x, self.test_y, self.info.num_classes)
+        if remote is not None:
+            return remote
+        vector_to_parameters(self.weights.clone(), self.model.parameters())
+        return evaluate(self.model, self.test_x, self.test_y, self.info.num_classes, self.cfg.eval_batch_size)
 
     def planned_max_sigma(self) -> float:
         """The largest σ_i planned so far (NaN if none)."""

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import ray
 
-from raysim.client import ClientRunner
+from raysim.client import ClientRunner, eval_where
 from raysim.config import Config
 from raysim.messages import ClientData, ClientResult, ClientTask, RoundPayload
 
@@ -72,6 +72,9 @@ class ClientActor:
         runner = self._runner(setup)
         self.trained.add(task.client_id)
         return runner.train(payload, task, client)
+
+    def evaluate(self, weights: Any, test: tuple, setup: tuple[str, Config, str]) -> Any:
+        return self._runner(setup).evaluate(weights, *test)
 
     def modules(self) -> list[str]:
         """Names in this process's ``sys.modules`` (the import-path test)."""
@@ -143,6 +146,8 @@ class RayExecutor:
         # arguments, and the train arrays must still exist in the object store then.
         self.train_ref = train_ref
         self.setup_ref = ray.put((uuid.uuid4().hex, cfg, clipping))
+        self.eval_on = eval_where(cfg)
+        self._test: tuple[int, Any] | None = None
         if not self.actors:
             self.actors = start_client_actors(cfg, train_ref, self.placement_group)
             self._pending = [a.ready.remote() for a in self.actors]
@@ -178,6 +183,15 @@ class RayExecutor:
             if queue:
                 submit(k)
         return sorted(results, key=lambda r: r.client_id)
+
+    def evaluate(self, weights: Any, x: Any, y: Any, num_classes: int) -> Any:
+        """With ``runtime.eval_on=actor``, the first actor evaluates (the test set is put once per run);
+        else None: the simulation evaluates in the driver."""
+        if self.eval_on != "actor":
+            return None
+        if self._test is None or self._test[0] != id(x):
+            self._test = (id(x), ray.put((x, y, num_classes)))
+        return ray.get(self.actors[0].evaluate.remote(weights, self._test[1], self.setup_ref))
 
     def placements(self) -> list[dict[str, Any]]:
         return ray.get([a.where.remote() for a in self.actors])
