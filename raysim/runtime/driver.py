@@ -45,6 +45,9 @@ class DriverActor:
     def client_actors(self) -> list[Any]:
         return list(self.executor.actors) if self.executor else []
 
+    def ready(self) -> bool:
+        return True
+
     def close(self, keep_actors: bool = False) -> list[Any]:
         """End the run; returns its client actors when ``keep_actors`` (for a warm pool), else kills them."""
         kept: list[Any] = []

@@ -8,7 +8,9 @@ rebuild everything that belongs to a run (model, method, engine, server state), 
 actor gives the same result as a fresh one (``tests/integration/test_sweep_pool.py``).
 
 An actor of a failed run is killed, not returned. Idle actors of another kind are killed when
-a run needs room for its own.
+a run needs room for its own. Pooled actors are not restarted by Ray (a restart outside any
+placement group can wait forever for resources held by idle actors); an actor lost with its node
+fails its run, which the sweep resumes from its checkpoint on fresh actors, after emptying the pool.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class ActorPool:
         self.train: dict[str, list] = {}            # key -> [ObjectRef of the train arrays]
         self.idle: dict[str, list[tuple[Any, list[Any]]]] = {}
         self.kind: dict[Any, str] = {}               # actor (driver) -> key, for release
+        self.starting: list[list[Any]] = []          # ready() pings of actors created but maybe not placed yet
         self.created = self.reused = 0
 
     def has_data(self, key: str) -> bool:
@@ -58,21 +61,59 @@ class ActorPool:
         """A driver actor and client actors for one run of kind ``key``, and whether they were warm."""
         from raysim.runtime.driver import DriverActor
         idle = self.idle.get(key)
-        warm = bool(idle)
-        if idle:
-            self.reused += 1
+        while idle:
             driver, actors = idle.pop()
-        else:
-            self._evict_other_kinds(key)
-            self.created += 1
-            actors = start_client_actors(cfg, self.train[key])
-            driver = DriverActor.remote()
+            if self._alive([driver, *actors]):
+                self.reused += 1
+                self.kind[driver] = key
+                return driver, actors, True
+        self._evict_other_kinds(key)
+        self.created += 1
+        actors = start_client_actors(cfg, self.train[key], restarts=False)
+        driver = DriverActor.remote()
+        self.starting.append([a.ready.remote() for a in actors])
         self.kind[driver] = key
-        return driver, actors, warm
+        return driver, actors, False
+
+    @staticmethod
+    def _alive(handles: list[Any], timeout: float = 10.0) -> bool:
+        """All of ``handles`` answer within ``timeout`` s; otherwise they are killed (a node may have died)."""
+        pings = [h.ready.remote() for h in handles]
+        done, _ = ray.wait(pings, num_returns=len(pings), timeout=timeout)
+        try:
+            ok = len(done) == len(pings) and all(ray.get(done))
+        except Exception:   # RayActorError: the actor died with its node
+            ok = False
+        if not ok:
+            for h in handles:
+                ray.kill(h)
+        return ok
+
+    def flush(self) -> None:
+        """Kill every idle actor (after a node died, none of them is trusted)."""
+        for entries in self.idle.values():
+            for driver, actors in entries:
+                for a in [driver, *actors]:
+                    ray.kill(a)
+        self.idle = {}
 
     def release(self, driver: Any, actors: list[Any]) -> None:
         key = self.kind.pop(driver)
+        if self._someone_waits():
+            # Actors of another run are still waiting for resources: idle ones must not hold them.
+            for a in [driver, *actors]:
+                ray.kill(a)
+            return
         self.idle.setdefault(key, []).append((driver, list(actors)))
+
+    def _someone_waits(self) -> bool:
+        still = []
+        for pings in self.starting:
+            done, _ = ray.wait(pings, num_returns=len(pings), timeout=0)
+            if len(done) < len(pings):
+                still.append(pings)
+        self.starting = still
+        return bool(still)
 
     def discard(self, handles: list[Any]) -> None:
         for h in handles:
@@ -89,9 +130,5 @@ class ActorPool:
         return {"created": self.created, "reused": self.reused}
 
     def shutdown(self) -> None:
-        for entries in self.idle.values():
-            for driver, actors in entries:
-                for a in [driver, *actors]:
-                    ray.kill(a)
-        self.idle = {}
+        self.flush()
         self.train = {}

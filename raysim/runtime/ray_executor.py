@@ -109,12 +109,17 @@ def cpus_per_actor(cfg: Config, num_actors: int) -> float:
     return max(0.01, math.floor(min(1.0, total / num_actors) * 1e4) / 1e4)
 
 
-def start_client_actors(cfg: Config, train_ref: list, placement_group: Any = None) -> list[Any]:
-    """Request the run's pool of client actors (:func:`actor_count` of them); returns at once."""
+def start_client_actors(cfg: Config, train_ref: list, placement_group: Any = None, restarts: bool = True) -> list[Any]:
+    """Request the run's pool of client actors (:func:`actor_count` of them); returns at once.
+
+    ``restarts=False`` (a sweep's warm pool) creates actors that Ray does not restart: a restarted
+    actor needs its resources again, and a pooled one outside any placement group could wait for
+    them forever behind idle actors; the sweep instead resumes the run from its checkpoint."""
     num_actors = actor_count(cfg)
+    restarts_ = cfg.runtime.max_actor_restarts if restarts else 0
     options: dict[str, Any] = {
         "num_cpus": cpus_per_actor(cfg, num_actors), "num_gpus": cfg.runtime.num_gpus_per_client,
-        "max_restarts": cfg.runtime.max_actor_restarts, "max_task_retries": cfg.runtime.max_actor_restarts,
+        "max_restarts": restarts_, "max_task_retries": restarts_,
     }
     if placement_group is not None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy

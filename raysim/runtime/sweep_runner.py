@@ -197,6 +197,8 @@ def run_sweep(configs: Sequence[Config], results_dir: str, sweep_id: str, *, run
                         print(f"raysim: run {run_id} was lost to the cluster ({error}); resuming it from its last "
                               f"checkpoint (retry {attempts[run_id]} of {retries})", flush=True)
                         queue.append(plan)
+                        if pool is not None:   # its actors may have died with a node: start the retry afresh
+                            ray.get(pool.flush.remote())
                 finally:
                     if pg is not None:
                         remove_placement_group(pg)
