@@ -1,10 +1,10 @@
-"""Client-side execution shared by every executor: one object hosts one or more clients."""
+"""Client-side execution shared by every executor: one runner trains any client of a run on demand."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -14,6 +14,7 @@ from raysim.algorithms.registry import get_method
 from raysim.algorithms.uploads import UploadContext
 from raysim.config import Config
 from raysim.data import ArrayDataset, to_float_tensor
+from raysim.metrics import Evaluation, evaluate
 from raysim.models import model_for
 from raysim.privacy.grad_sample import layer_slices, make_engine
 from raysim.rng import np_generator
@@ -32,42 +33,67 @@ def to_device(obj: Any, device: torch.device) -> Any:
     return obj
 
 
+def eval_where(cfg: Config) -> str:
+    """``runtime.eval_on`` resolved: ``auto`` evaluates on a client actor when clients have GPU shares."""
+    if cfg.runtime.eval_on != "auto":
+        return cfg.runtime.eval_on
+    return "actor" if cfg.runtime.num_gpus_per_client > 0 else "driver"
+
+
 def client_device(cfg: Config) -> torch.device:
     """CUDA when the actor was given a GPU share and one is visible, else CPU."""
     return torch.device("cuda") if cfg.runtime.num_gpus_per_client > 0 and torch.cuda.is_available() else torch.device("cpu")
 
 
 class ClientRunner:
-    """Holds the local data of its clients as tensors and runs their rounds.
+    """Trains any client of a run on demand: one per actor (or one in the serial executor).
 
-    Built once per actor (or once in the serial executor); the train arrays arrive once per
-    run, each round only the round payload and a small task travel.
+    It keeps the run's shared train arrays (uint8, as they arrived: on Ray a zero-copy view of the
+    one copy in the node's object store) and one model. A task names its client's shard
+    (:class:`ClientData`, indices into the shared arrays); the runner builds that client's tensors
+    for the task and drops them after it, so its memory does not grow with the number of clients
+    it has trained. :meth:`configure` re-targets the runner at another run on the same data (a warm
+    actor reused by the next run of a sweep).
     """
 
-    def __init__(self, cfg: Config, clipping: str, train: ArrayDataset, clients: Sequence[ClientData]) -> None:
+    def __init__(self, cfg: Config, clipping: str, train: ArrayDataset) -> None:
+        self.train_data = train
+        self.info = train.info
+        self.configure(cfg, clipping)
+
+    def configure(self, cfg: Config, clipping: str) -> None:
+        """Set up for the run ``cfg``: model, engine and declared uploads; no state of an earlier run survives."""
         torch.set_num_threads(cfg.runtime.torch_threads)
         self.cfg = cfg
         self.clipping = clipping
         self.spec = get_method(cfg.method)
-        self.info = train.info
         self.device = client_device(cfg)
-        self.model = model_for(cfg, train.info, self.spec.lldm(cfg)).to(self.device)
+        self.model = model_for(cfg, self.info, self.spec.lldm(cfg)).to(self.device)
         self.layer_slices = layer_slices(self.model)
         self.engine = make_engine(cfg.privacy.engine)
         self.uploads = self.spec.uploads(cfg)
-        self.data: dict[int, tuple[torch.Tensor, ...]] = {}
-        for c in clients:
-            self.data[c.client_id] = to_device((
-                to_float_tensor(train.x[c.train_indices], train.info), torch.from_numpy(train.y[c.train_indices].astype(np.int64)),
-                to_float_tensor(train.x[c.val_indices], train.info), torch.from_numpy(train.y[c.val_indices].astype(np.int64)),
-            ), self.device)
 
-    def client_ids(self) -> list[int]:
-        return sorted(self.data)
+    def evaluate(self, weights: torch.Tensor, x: torch.Tensor, y: torch.Tensor, num_classes: int) -> Evaluation:
+        """The global model ``weights`` on a test set, on this runner's device (``runtime.eval_on=actor``)."""
+        vector_to_parameters(weights.to(self.device), self.model.parameters())
+        return evaluate(self.model, x.to(self.device), y.to(self.device), num_classes, self.cfg.eval_batch_size)
 
-    def train(self, payload: RoundPayload, task: ClientTask) -> ClientResult:
+    def tensors(self, client: ClientData) -> tuple[torch.Tensor, ...]:
+        """(x, y, x_val, y_val) of one client, built from the shared arrays on the runner's device."""
+        train = self.train_data
+        return to_device((
+            to_float_tensor(train.x[client.train_indices], train.info),
+            torch.from_numpy(train.y[client.train_indices].astype(np.int64)),
+            to_float_tensor(train.x[client.val_indices], train.info),
+            torch.from_numpy(train.y[client.val_indices].astype(np.int64)),
+        ), self.device)
+
+    def train(self, payload: RoundPayload, task: ClientTask, client: ClientData) -> ClientResult:
+        """One round of ``client`` (``task.client_id``): local (DP-)training from the payload, then its uploads."""
         start = time.perf_counter()
-        x, y, xv, yv = self.data[task.client_id]
+        if client.client_id != task.client_id:
+            raise ValueError(f"task for client {task.client_id} came with the shard of client {client.client_id}")
+        x, y, xv, yv = self.tensors(client)
         model = self.model
         # No-ops on CPU (Tensor.to returns the same tensor), copies onto the GPU otherwise.
         payload = dataclasses.replace(payload, start_weights=payload.start_weights.to(self.device),

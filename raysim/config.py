@@ -22,7 +22,11 @@ from typing import Any, Mapping
 import yaml
 
 __all__ = ["ConfigError", "Config", "load_config", "config_from_dict", "apply_overrides", "config_to_dict",
-           "config_hash", "parse_override", "run_id_for", "result_hash", "CLIPPING_MODES", "MODEL_NAMES"]
+           "config_hash", "parse_override", "run_id_for", "result_hash", "CLIPPING_MODES", "PARTICIPATION_MODES",
+           "MODEL_NAMES"]
+
+#: ``participation`` modes (R): how a round's clients are drawn when ``clients_per_round`` is set.
+PARTICIPATION_MODES = ("uniform", "poisson")
 
 #: ``privacy.clipping`` modes once resolved (``auto`` resolves to one of them).
 CLIPPING_MODES = ("per_sample", "batch", "none")
@@ -73,6 +77,8 @@ class RuntimeConfig:
     torch_threads: int = 1             # per actor and serial executor: results must not depend on it
     max_actor_restarts: int = 3
     checkpoint_every: int = 1          # save a resumable checkpoint every k rounds (0: never)
+    eval_on: str = "auto"              # where the global model is evaluated: driver | actor (a client actor,
+                                       # on its GPU share if it has one) | auto (actor when clients have GPUs)
 
 
 @dataclass(frozen=True)
@@ -166,11 +172,15 @@ class Config:
     rounds: int = 10
     seed: int = 0
     num_clients: int = 10
+    clients_per_round: int | None = None  # k clients train per round (None: all clients, every round)
+    participation: str = "uniform"     # (R) how the k are drawn: uniform (exactly k, without replacement) |
+                                       # poisson (each client independently with probability k/N)
     local_epochs: int = 1
     batch_size: int = 64
     lr: float = 0.01
     momentum: float = 0.0
     eval_batch_size: int = 1000
+    eval_every: int = 1                # evaluate the global model every k rounds, and always after the last one
     data: DataConfig = field(default_factory=DataConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
@@ -258,11 +268,15 @@ def _choice(key: str, value: str, choices: tuple[str, ...]) -> None:
 
 def validate(cfg: Config) -> Config:
     """Range checks that do not need the registries (methods and datasets check themselves)."""
-    for key in ("rounds", "num_clients", "local_epochs", "batch_size", "eval_batch_size"):
+    for key in ("rounds", "num_clients", "local_epochs", "batch_size", "eval_batch_size", "eval_every"):
         if getattr(cfg, key) < 1:
             _fail(key, f"must be >= 1, got {getattr(cfg, key)}")
     if cfg.seed < 0:
         _fail("seed", f"must be >= 0, got {cfg.seed}")
+    if cfg.clients_per_round is not None and not 1 <= cfg.clients_per_round <= cfg.num_clients:
+        _fail("clients_per_round", f"must be in [1, num_clients={cfg.num_clients}] (or null: all clients), "
+                                   f"got {cfg.clients_per_round}")
+    _choice("participation", cfg.participation, PARTICIPATION_MODES)
     if not cfg.lr > 0:
         _fail("lr", f"must be > 0, got {cfg.lr}")
     d, p, r = cfg.data, cfg.privacy, cfg.runtime
@@ -285,6 +299,7 @@ def validate(cfg: Config) -> Config:
     if not p.clip_norm > 0:
         _fail("privacy.clip_norm", f"must be > 0, got {p.clip_norm}")
     _choice("runtime.executor", r.executor, ("ray", "serial"))
+    _choice("runtime.eval_on", r.eval_on, ("auto", "driver", "actor"))
     if r.num_actors is not None and r.num_actors < 1:
         _fail("runtime.num_actors", f"must be >= 1, got {r.num_actors}")
     if r.num_cpus_per_client is not None and not r.num_cpus_per_client > 0:
@@ -412,9 +427,10 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
 
 def config_hash(cfg: Config) -> str:
     """Stable hash of the resolved config (key order and float formatting independent)."""
-    values = config_to_dict(cfg)
-    if values.get("model") == "cnn":
-        del values["model"]  # the default: run ids made before the key existed stay valid (resume)
+    return _hash_dict(config_to_dict(cfg))
+
+
+def _hash_dict(values: dict[str, Any]) -> str:
     blob = json.dumps(values, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -426,11 +442,27 @@ def server_holdout_size(cfg: Config) -> int:
     return 500 if cfg.cra.utility == "server_val_f1" else 0
 
 
+_RUNTIME_KEYS_ADDED_LATER = ("eval_on",)
+
+
 def result_hash(cfg: Config) -> str:
     """Hash of the result-relevant config. Where and how fast a run executes does not change its
     results (the determinism test), so the runtime section and data paths are not part of it."""
     d = dataclasses.replace(cfg.data, root=None, cache_dir=None, download=False)
-    return config_hash(cfg.replace(runtime=RuntimeConfig(), data=d))
+    values = config_to_dict(cfg.replace(runtime=RuntimeConfig(), data=d))
+    # Runtime keys added later are left out of the (defaulted) runtime section: run ids stay those of
+    # results written before the keys existed.
+    for key in _RUNTIME_KEYS_ADDED_LATER:
+        del values["runtime"][key]
+    if cfg.clients_per_round is None:
+        # Full participation: `participation` changes nothing, and leaving both keys out keeps the run ids
+        # of results written before the keys existed (their runs resume into the same rows).
+        del values["clients_per_round"], values["participation"]
+    if cfg.eval_every == 1:
+        del values["eval_every"]       # the default: run ids of results written before the key existed stay the same
+    if cfg.model == "cnn":
+        del values["model"]            # likewise for the default backbone
+    return _hash_dict(values)
 
 
 def run_id_for(cfg: Config) -> str:

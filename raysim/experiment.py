@@ -59,6 +59,10 @@ class Backend(Protocol):
         ...
 
 
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
 def run_experiment(cfg: Config, results_dir: str, backend: Backend, *, sweep_id: str | None = None,
                    on_setup: Callable[[SetupRecord], None] | None = None,
                    on_round: Callable[[RoundRecord], None] | None = None,
@@ -91,10 +95,12 @@ def run_experiment(cfg: Config, results_dir: str, backend: Backend, *, sweep_id:
         row = run_row(cfg, sweep_id, "running")
     sink.write_run(row)
     t0 = time.perf_counter() - float(row.get("wall_seconds") or 0.0)
+    records: Any = None
     try:
         setup, records, placement = backend.start(cfg, train, test, resume=blob)
         row.update(placement)
-        row.update(clipping=setup.clipping, noise_multiplier=max(setup.noise_multipliers),
+        row.update(clipping=setup.clipping, noise_multiplier=_finite_or_none(setup.max_noise_multiplier),
+                   startup_seconds=setup.startup_seconds,
                    not_covered_by_epsilon=setup.not_covered_by_epsilon, num_params=setup.num_params)
         sink.write_partition(run_id, setup.partition_stats)
         sink.write_run(row)
@@ -107,12 +113,17 @@ def run_experiment(cfg: Config, results_dir: str, backend: Backend, *, sweep_id:
             row.update(rounds_completed=rec.server_round, final_test_accuracy=rr["test_accuracy"],
                        final_test_f1=rr["test_f1"], final_test_loss=rr["test_loss"], best_test_accuracy=best_acc,
                        best_test_f1=best_f1, epsilon=rr["epsilon"], wall_seconds=time.perf_counter() - t0)
+            if math.isfinite(rec.max_noise_multiplier):   # partial participation plans σ_i as clients first train
+                row["noise_multiplier"] = rec.max_noise_multiplier
             sink.write_run(row)
             if rec.checkpoint is not None:   # after the round's rows: a crash in between redoes the round
                 sink.write_checkpoint(run_id, rec.checkpoint)
             if on_round:
                 on_round(rec)
     except BaseException as exc:
+        close = getattr(records, "close", None)
+        if close is not None:   # end the backend's run (its actors) even if the stream never started
+            close()
         row.update(status="failed", error=f"{type(exc).__name__}: {exc}", end_time=now(), wall_seconds=time.perf_counter() - t0)
         sink.write_run(row)
         raise

@@ -34,17 +34,18 @@ class Evaluation:
 
 
 @torch.no_grad()
+@torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, batch_size: int = 1000) -> Evaluation:
-    """Accuracy, macro-F1 and mean cross-entropy of ``model`` on (x, y)."""
+    """Accuracy, macro-F1 and mean cross-entropy of ``model`` on (x, y) (CPU tensors out; no autograd graph)."""
     model.eval()
     preds, loss_sum = [], 0.0
     for start in range(0, len(y), batch_size):
         logits = model(x[start:start + batch_size])
-        loss_sum += float(F.cross_entropy(logits, y[start:start + batch_size], reduction="sum"))
-        preds.append(logits.argmax(dim=1))
+        loss_sum += float(F.cross_entropy(logits, y[start:start + batch_size].to(logits.device), reduction="sum"))
+        preds.append(logits.argmax(dim=1).cpu())
     model.train()
     if not preds:
         return Evaluation(0.0, 0.0, float("nan"))
     pred = torch.cat(preds).numpy()
-    truth = y.numpy()
+    truth = y.cpu().numpy()
     return Evaluation(float((pred == truth).mean()), macro_f1(truth, pred, num_classes), loss_sum / len(y))

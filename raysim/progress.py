@@ -22,8 +22,13 @@ class RunProgress:
         self.bar.set_postfix_str("starting actors…")
 
     def setup(self, setup: SetupRecord) -> None:
-        sig = max(setup.noise_multipliers)
-        text = f"clipping={setup.clipping} σ≤{sig:.3f}" if setup.clipping != "none" else "no DP"
+        sig = setup.max_noise_multiplier
+        if setup.clipping == "none":
+            text = "no DP"
+        elif math.isnan(sig):
+            text = f"clipping={setup.clipping} σ planned per client as it first trains"
+        else:
+            text = f"clipping={setup.clipping} σ≤{sig:.3f}"
         if setup.resumed_after:
             self.bar.update(setup.resumed_after)
             text = f"resumed after round {setup.resumed_after}; {text}"

@@ -23,11 +23,13 @@ from raysim.algorithms.base import MethodContext
 from raysim.algorithms.registry import get_method, resolve_preset
 from raysim.config import Config, ConfigError, server_holdout_size
 from raysim.data import ArrayDataset, partition, partition_stats, to_float_tensor, train_val_split
-from raysim.metrics import evaluate
+from raysim.metrics import Evaluation, evaluate
 from raysim.models import count_parameters, init_parameters, model_for
 from raysim.privacy.accounting import PrivacyLedger, epsilon_many
 from raysim.privacy.grad_sample import layer_slices
-from raysim.privacy.plan import accounting_factor, not_covered, plan_noise, resolve_clipping, round_events, side_channels
+from raysim.participation import is_full, participation_schedule, rounds_by_client
+from raysim.privacy.plan import (ParticipationPlan, accounting_factor, not_covered, plan_noise, resolve_clipping,
+                                 round_events, side_channels)
 from raysim.rng import np_generator, torch_generator
 from raysim.training import sample_rate, steps_per_epoch
 from raysim.messages import ClientData, ClientResult, ClientTask, RoundPayload
@@ -40,8 +42,15 @@ class TrainingDiverged(RuntimeError):
 class Executor(Protocol):
     """Where the clients of a run execute (serial in-process, or Ray actors)."""
 
-    def start(self, cfg: Config, clipping: str, train: Any, clients: Sequence[ClientData]) -> None: ...
-    def run_round(self, payload: RoundPayload, tasks: Sequence[ClientTask]) -> list[ClientResult]: ...
+    def start(self, cfg: Config, clipping: str, train: Any) -> None:
+        """Begin starting the workers; may return before they are ready (they start while the server plans)."""
+    def ready(self) -> None:
+        """Block until every worker can take tasks."""
+    def run_round(self, payload: RoundPayload, tasks: Sequence[ClientTask],
+                  clients: Sequence[ClientData]) -> list[ClientResult]:
+        """Train ``tasks`` (``clients[j]``: the shard of ``tasks[j]``); results sorted by client id."""
+    def evaluate(self, weights: torch.Tensor, x: torch.Tensor, y: torch.Tensor, num_classes: int) -> Any:
+        """Evaluate the global model on a worker (``runtime.eval_on``), or return None to leave it to the server."""
     def shutdown(self) -> None: ...
 
 
@@ -52,9 +61,16 @@ class SetupRecord:
     partition_stats: pd.DataFrame
     num_params: int
     clipping: str
-    noise_multipliers: list[float]
+    noise_multipliers: list[float]     # σ_i; NaN for clients not planned yet (partial participation plans lazily)
     not_covered_by_epsilon: str
+    startup_seconds: float = 0.0       # Simulation construction until every worker is ready
     resumed_after: int = 0             # rounds restored from a checkpoint (0: a fresh run)
+
+    @property
+    def max_noise_multiplier(self) -> float:
+        """The largest σ_i planned so far (NaN when none is: partial participation before round 1)."""
+        planned = [s for s in self.noise_multipliers if not math.isnan(s)]
+        return max(planned) if planned else math.nan
 
 
 @dataclass
@@ -63,6 +79,7 @@ class RoundRecord:
     round_row: dict[str, Any]
     client_rows: list[dict[str, Any]] = field(default_factory=list)
     checkpoint: bytes | None = None    # the state after this round (runtime.checkpoint_every), pickled
+    max_noise_multiplier: float = math.nan   # the largest σ_i planned so far (the runs table's noise_multiplier)
 
 
 def server_holdout(cfg: Config, num_train: int) -> tuple[np.ndarray, np.ndarray]:
@@ -105,22 +122,46 @@ class Simulation:
 
     def __init__(self, cfg: Config, train: ArrayDataset, test: ArrayDataset, executor: Executor,
                  train_handle: Any = None) -> None:
+        started = time.perf_counter()
         torch.set_num_threads(cfg.runtime.torch_threads)
         cfg = resolve_preset(cfg)
         self.cfg = cfg
         self.spec = get_method(cfg.method)
         self.clipping = resolve_clipping(self.spec, cfg)
         self.executor = executor
+        # The workers start (processes, imports, model) while this process partitions and calibrates σ.
+        executor.start(cfg, self.clipping, train if train_handle is None else train_handle)
+        try:
+            self._plan(cfg, train, test)
+            executor.ready()
+        except BaseException:
+            executor.shutdown()
+            raise
+        self.setup.startup_seconds = time.perf_counter() - started
+
+    def _plan(self, cfg: Config, train: ArrayDataset, test: ArrayDataset) -> None:
         self.clients = make_partition(cfg, train.y)
         stats = [partition_stats(train.y, [c.train_indices for c in self.clients], train.info.num_classes).assign(split="train"),
                  partition_stats(train.y, [c.val_indices for c in self.clients], train.info.num_classes).assign(split="val")]
         n = np.array([len(c.train_indices) for c in self.clients])
         self.q = np.array([sample_rate(int(k), cfg.batch_size) for k in n])
         self.steps = np.array([steps_per_epoch(int(k), cfg.batch_size) * cfg.local_epochs for k in n])
-        self.sigmas = plan_noise(self.spec, cfg, self.clipping, self.q, self.steps)
+        # Public schedule, drawn up front from the seed (raysim.participation); full participation keeps the
+        # eager plan of all clients for all T rounds, partial participation plans each client lazily.
+        self.schedule = participation_schedule(cfg)
+        self.full_participation = is_full(self.schedule, cfg.num_clients)
+        if self.full_participation:
+            self.plan = None
+            self.sigmas = plan_noise(self.spec, cfg, self.clipping, self.q, self.steps)
+        else:
+            self.plan = ParticipationPlan(self.spec, cfg, self.clipping, self.q, self.steps,
+                                          rounds_by_client(self.schedule, cfg.num_clients))
+            self.sigmas = np.full(cfg.num_clients, np.nan)   # shared with the server's context, filled in place
         self.factor = accounting_factor(self.clipping, self.spec.client.releases_for(cfg)) if self.clipping != "none" else 0.0
         self.channels = side_channels(self.spec, cfg)
         self.ledgers = [PrivacyLedger(cfg.privacy.delta, cfg.privacy.accountant) for _ in self.clients]
+        # ε per client, updated only for the clients whose ledger changed in a round.
+        self.epsilons = np.full(cfg.num_clients, 0.0 if self.clipping != "none" else math.inf)
         self.model = model_for(cfg, train.info, self.spec.lldm(cfg))
         init_parameters(self.model, torch_generator(cfg.seed, "model-init"))
         self.info = test.info
@@ -138,9 +179,17 @@ class Simulation:
         self.server = self.spec.server(ctx)
         self.client_states: dict[int, Any] = {}
         self.completed_rounds = 0
-        executor.start(cfg, self.clipping, train if train_handle is None else train_handle, self.clients)
         self.setup = SetupRecord(pd.concat(stats, ignore_index=True), count_parameters(self.model), self.clipping,
                                  [float(s) for s in self.sigmas], not_covered(self.spec, cfg, self.clipping))
+
+    def plan_clients(self, client_ids: Sequence[int]) -> None:
+        """Give every client of ``client_ids`` its σ (partial participation: calibrated on first use, for
+        its whole planned participation, so this is the same σ whenever it is computed)."""
+        if self.plan is None:
+            return
+        for cid in client_ids:
+            if math.isnan(self.sigmas[cid]):
+                self.sigmas[cid] = self.plan.sigma(int(cid))
 
     def _holdout_scorer(self, train: ArrayDataset, held: np.ndarray):
         """macro-F1 of flat weights on the public hold-out (post-processing of DP outputs on public data)."""
@@ -167,7 +216,8 @@ class Simulation:
         (seed, purpose, round, client), so no generator state is saved, only what was learned."""
         return {"completed_rounds": self.completed_rounds, "weights": self.weights.clone(),
                 "server": self.server.state_dict(), "client_states": dict(self.client_states),
-                "ledgers": self.ledgers}
+                "ledgers": self.ledgers, "epsilons": self.epsilons.copy(), "noise_multipliers": self.sigmas.copy(),
+                "sigma_memo": dict(self.plan.memo) if self.plan is not None else {}}
 
     def restore(self, blob: bytes) -> None:
         """Continue from a checkpoint written by :meth:`run` (rounds after it run next)."""
@@ -177,54 +227,93 @@ class Simulation:
         self.server.load_state_dict(state["server"])
         self.client_states = dict(state["client_states"])
         self.ledgers = list(state["ledgers"])
+        # Checkpoints from before partial participation lack these: ε is recomputed from the ledgers, and σ
+        # is re-planned on demand (a pure function of each client's key, so the same values).
+        if "epsilons" in state:
+            self.epsilons = np.array(state["epsilons"], dtype=np.float64)
+        elif self.clipping != "none":
+            self.epsilons = np.array(epsilon_many(self.ledgers), dtype=np.float64)
+        if "noise_multipliers" in state:
+            self.sigmas[:] = state["noise_multipliers"]    # in place: the server's context holds this array
+        if self.plan is not None:
+            self.plan.memo.update(state.get("sigma_memo", {}))
+        self.setup.noise_multipliers = [float(s) for s in self.sigmas]
         self.setup.resumed_after = self.completed_rounds
 
     def round(self, t: int) -> RoundRecord:
         cfg = self.cfg
         t0 = time.perf_counter()
-        payload = self.server.payload(t, self.weights)
-        tasks = self.server.tasks(t, self.client_states)
-        results = self.executor.run_round(payload, tasks)
+        participants = [int(c) for c in self.schedule[t - 1]]
+        self.plan_clients(participants)
+        t_plan = time.perf_counter() - t0
+        clip = self.server.clip_norm(t)          # C^(t), before aggregation moves it
+        tasks: list[ClientTask] = []
+        results: list[ClientResult] = []
+        if participants:
+            payload = self.server.payload(t, self.weights)
+            tasks = self.server.tasks(t, self.client_states, participants)
+            results = self.executor.run_round(payload, tasks, [self.clients[task.client_id] for task in tasks])
         t1 = time.perf_counter()
-        if [r.client_id for r in results] != list(range(cfg.num_clients)):
-            raise RuntimeError(f"round {t}: executor returned clients {[r.client_id for r in results]}")
+        if [r.client_id for r in results] != participants:
+            raise RuntimeError(f"round {t}: executor returned clients {[r.client_id for r in results]}, "
+                               f"expected {participants}")
         bad = [r.client_id for r in results if not bool(torch.isfinite(r.delta).all())]
         if bad:
             raise TrainingDiverged(f"training diverged in round {t}: non-finite updates from clients {bad} "
-                                   f"(clip norm {tasks[0].clip_norm})")
+                                   f"(clip norm {clip})")
         for r in results:
             self.client_states[r.client_id] = r.client_state
-        # Diagnostics are logged, never shown to the server.
-        agg = self.server.aggregate(t, self.weights, [dataclasses.replace(r, diagnostics={}) for r in results])
-        self.weights = agg.global_weights
+        # A round without participants (possible with participation=poisson) leaves the global model and
+        # the server state as they are. Diagnostics are logged, never shown to the server.
+        agg = (self.server.aggregate(t, self.weights, [dataclasses.replace(r, diagnostics={}) for r in results])
+               if results else None)
+        if agg is not None:
+            self.weights = agg.global_weights
         t2 = time.perf_counter()
-        for task, ledger in zip(tasks, self.ledgers):
-            if self.clipping != "none":
+        if self.clipping != "none" and tasks:
+            for task in tasks:
                 cid = task.client_id
                 for ev in round_events(float(self.q[cid]), int(self.steps[cid]), task.noise_multiplier, self.factor, self.channels):
-                    ledger.record(ev)
-        eps = epsilon_many(self.ledgers) if self.clipping != "none" else [math.inf] * cfg.num_clients
+                    self.ledgers[cid].record(ev)
+            # Only the participants' ledgers changed; everyone else keeps the ε of an earlier round.
+            self.epsilons[participants] = epsilon_many([self.ledgers[cid] for cid in participants])
         t3 = time.perf_counter()
-        vector_to_parameters(self.weights.clone(), self.model.parameters())
-        ev = evaluate(self.model, self.test_x, self.test_y, self.info.num_classes, cfg.eval_batch_size)
+        ev = self.evaluate(t)
         t4 = time.perf_counter()
-        clip = tasks[0].clip_norm
         clip_total = float(np.sqrt(np.sum(np.square(clip)))) if isinstance(clip, tuple) else float(clip)
-        slowest = max(r.seconds for r in results)
+        slowest = max((r.seconds for r in results), default=0.0)
         round_row = {
-            "round": t, "test_accuracy": ev.accuracy, "test_f1": ev.f1, "test_loss": ev.loss,
-            "clip_norm": clip_total, "epsilon": float(max(eps)), "mean_train_loss": float(np.mean([r.train_loss for r in results])),
-            "round_seconds": t4 - t0, "client_train_seconds": slowest, "communication_seconds": max(0.0, (t1 - t0) - slowest),
-            "aggregation_seconds": t2 - t1, "accounting_seconds": t3 - t2, "eval_seconds": t4 - t3,
-            **agg.round_logs,
+            "round": t, "participants": len(participants), "test_accuracy": ev.accuracy, "test_f1": ev.f1,
+            "test_loss": ev.loss, "clip_norm": clip_total, "epsilon": float(self.epsilons.max()),
+            "mean_train_loss": float(np.mean([r.train_loss for r in results])) if results else math.nan,
+            "round_seconds": t4 - t0, "client_train_seconds": slowest,
+            "communication_seconds": max(0.0, (t1 - t0 - t_plan) - slowest),
+            "aggregation_seconds": t2 - t1, "accounting_seconds": t_plan + (t3 - t2), "eval_seconds": t4 - t3,
+            **(agg.round_logs if agg is not None else {}),
         }
         client_rows = []
-        for r, task, e, logs in zip(results, tasks, eps, agg.client_logs or [{}] * len(results)):
+        logs_of = (agg.client_logs if agg is not None else None) or [{}] * len(results)
+        for r, task, logs in zip(results, tasks, logs_of):
             row = {"round": t, "client_id": r.client_id, "num_samples": r.num_samples, "num_steps": r.num_steps,
                    "train_loss": r.train_loss, "update_norm": float(r.delta.norm()), "frac_clipped": r.frac_clipped,
-                   "clip_norm": clip_total, "noise_multiplier": task.noise_multiplier, "epsilon": float(e),
-                   "client_seconds": r.seconds, **r.diagnostics}
+                   "clip_norm": clip_total, "noise_multiplier": task.noise_multiplier,
+                   "epsilon": float(self.epsilons[r.client_id]), "client_seconds": r.seconds, **r.diagnostics}
             row.update(logs)
             client_rows.append(row)
-        return RoundRecord(t, round_row, client_rows)
+        return RoundRecord(t, round_row, client_rows, max_noise_multiplier=self.planned_max_sigma())
 
+    def evaluate(self, t: int) -> Evaluation:
+        """Test metrics of the global model after round ``t``: every ``eval_every`` rounds and after the
+        last round (NaN in between), on a worker or here (``runtime.eval_on``)."""
+        if t % self.cfg.eval_every and t != self.cfg.rounds:
+            return Evaluation(math.nan, math.nan, math.nan)
+        remote = self.executor.evaluate(self.weights, self.test_x, self.test_y, self.info.num_classes)
+        if remote is not None:
+            return remote
+        vector_to_parameters(self.weights.clone(), self.model.parameters())
+        return evaluate(self.model, self.test_x, self.test_y, self.info.num_classes, self.cfg.eval_batch_size)
+
+    def planned_max_sigma(self) -> float:
+        """The largest σ_i planned so far (NaN if none)."""
+        planned = self.sigmas[~np.isnan(self.sigmas)]
+        return float(planned.max()) if planned.size else math.nan

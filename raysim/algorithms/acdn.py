@@ -7,7 +7,7 @@ description; the rules below are the project's reconstruction.
   ``privacy.epsilon`` the privacy plan calibrates σ_0 through the accountant on the whole decaying
   schedule, so the run ends at the target ε (never above it); later rounds are less noisy.
 * Denoising (R): the server keeps m = μ·m + (1 − μ)·Δ̄ with m = 0 before round 1, Δ̄ = Σ_i (n_i/Σn) Δ_i
-  the FedAvg aggregate, and applies w ← w + m (``acdn.momentum`` μ = 0.9). Zero initialisation makes
+  the FedAvg aggregate of the round's participants, and applies w ← w + m (``acdn.momentum`` μ = 0.9). Zero initialisation makes
   every aggregate's total weight in the trajectory tend to 1 (a low-pass filter of FedAvg's steps),
   at the price of a slow start: round 1 moves the model by (1 − μ)·Δ̄.
 

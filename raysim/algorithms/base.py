@@ -34,7 +34,9 @@ class MethodContext:
     layer_slices: tuple[tuple[int, int], ...]   # [start, end) of each parametrised layer in the flat vector
     num_samples: np.ndarray            # n_i, local training-set sizes
     num_steps: np.ndarray              # τ_i, local steps per round
-    noise_multipliers: np.ndarray      # σ_i (base, before any per-round schedule); 0 without DP
+    noise_multipliers: np.ndarray      # σ_i (base, before any per-round schedule); 0 without DP. Under partial
+                                       # participation filled in by the simulation as clients are first
+                                       # planned (NaN until then); always set for a round's participants
     #: macro-F1 of flat weights on the public server hold-out (``data.server_holdout``), or None without one
     holdout_f1: Callable[[torch.Tensor], float] | None = None
 
@@ -54,7 +56,11 @@ def weighted_sum(deltas: Sequence[torch.Tensor], weights: Sequence[float]) -> to
 
 
 class Server:
-    """Server strategy base: fixed clip norm, FedAvg weights n_i / Σ n_j, w ← w + Σ p_i Δ_i."""
+    """Server strategy base: fixed clip norm, FedAvg weights n_i / Σ n_j, w ← w + Σ p_i Δ_i.
+
+    Partial participation: ``tasks`` gets the round's participants and ``aggregate`` their results only
+    (sorted by client id, never empty: the simulation skips the server in a round without participants).
+    Per-client state is kept for absent clients and updated only from the clients that report."""
 
     def __init__(self, ctx: MethodContext) -> None:
         self.ctx = ctx
@@ -85,10 +91,13 @@ class Server:
     def payload(self, server_round: int, global_weights: torch.Tensor) -> RoundPayload:
         return RoundPayload(server_round, global_weights, global_weights, {})
 
-    def tasks(self, server_round: int, client_states: dict[int, dict[str, Any] | None]) -> list[ClientTask]:
+    def tasks(self, server_round: int, client_states: dict[int, dict[str, Any] | None],
+              participants: Sequence[int]) -> list[ClientTask]:
+        """One task per participant of the round (sorted client ids; all clients under full participation)."""
         clip = self.clip_norm(server_round)
-        return [ClientTask(cid, server_round, clip, self.noise_multiplier(cid, server_round), client_states.get(cid))
-                for cid in range(self.cfg.num_clients)]
+        return [ClientTask(int(cid), server_round, clip, self.noise_multiplier(int(cid), server_round),
+                           client_states.get(int(cid)))
+                for cid in participants]
 
     def sample_weights(self, results: Sequence[ClientResult]) -> np.ndarray:
         n = np.array([r.num_samples for r in results], dtype=np.float64)

@@ -94,7 +94,8 @@ def project_capped_simplex(v: np.ndarray, upper: np.ndarray, *, tol: float = 1e-
 
 
 def ema(prev: np.ndarray | None, value: np.ndarray, beta: float) -> np.ndarray:
-    """Exponential moving average ``beta·prev + (1 − beta)·value``; initialised at ``value`` when prev is None."""
+    """Exponential moving average ``beta·prev + (1 − beta)·value``; initialised at ``value`` when prev is
+    None, and entry-wise where prev is NaN (a client reporting for the first time under partial participation)."""
     if not 0.0 <= beta <= 1.0:
         raise ValueError(f"beta must be in [0, 1], got {beta}")
     value = np.asarray(value, dtype=np.float64)
@@ -103,7 +104,11 @@ def ema(prev: np.ndarray | None, value: np.ndarray, beta: float) -> np.ndarray:
     prev = np.asarray(prev, dtype=np.float64)
     if prev.shape != value.shape:
         raise ValueError(f"EMA state has shape {prev.shape}, new value has shape {value.shape}")
-    return beta * prev + (1.0 - beta) * value
+    out = beta * prev + (1.0 - beta) * value
+    fresh = np.isnan(prev)
+    if fresh.any():
+        out[fresh] = value[fresh]
+    return out
 
 
 @dataclass(frozen=True)
@@ -141,7 +146,8 @@ def cra_weights(deltas: np.ndarray, val_f1: np.ndarray, update_norm: np.ndarray,
         val_f1: this round's q_i ≥ 0, shape (N,). Not DP-protected unless the caller noised it.
         update_norm: this round's s_i ≥ 0 (in whatever unit ADPC uses), shape (N,).
         num_samples: local training sizes n_i > 0, shape (N,).
-        val_f1_ema_prev, update_norm_ema_prev: last round's q̃, s̃, or None in the first round.
+        val_f1_ema_prev, update_norm_ema_prev: the clients' last q̃, s̃, or None in the first round (NaN
+            entries: clients without an earlier report, initialised at this round's value).
 
     Returns:
         A :class:`CRAResult`; ``robust_weight`` is p̃, and the caller aggregates Σ_i p̃_i Δw_i (step 8).

@@ -2,8 +2,8 @@
 
 Server, round t: broadcast w̃ = w + λ·m^(t−1); clients start from w̃ and minimise
 f_i(w) + (β/2)‖w − w̃‖² with local (DP-)SGD; with Δ_i = w_i − w̃ the server sets
-m^(t) = λ·m^(t−1) + mean_i Δ_i and w^(t+1) = w^(t) + m^(t) (the uniform mean over clients, as in the
-paper; m^(0) = 0). Keys: ``fedacg.lam`` (λ = 0.85), ``fedacg.beta`` (β = 0.001).
+m^(t) = λ·m^(t−1) + mean_i Δ_i and w^(t+1) = w^(t) + m^(t) (the uniform mean over the round's
+participants, as in the paper; m^(0) = 0). Keys: ``fedacg.lam`` (λ = 0.85), ``fedacg.beta`` (β = 0.001).
 
 Privacy: clients run DP-SGD (same clipping, accountant and calibrated σ as every DP method). The
 proximal gradient β(w − w̃) depends only on the weights and the broadcast, and the momentum only

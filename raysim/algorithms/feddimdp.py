@@ -88,6 +88,18 @@ def feddimdp_validate(cfg: Config, clipping: str) -> None:
                           "adpc.statistic=update_norm|update_norm_per_step|update_norm_denoised, or feddimdp.adpc=false")
 
 
+def _rows(state: np.ndarray | None, ids: np.ndarray) -> np.ndarray | None:
+    """The EMA entries of the reporting clients (NaN: never reported), or None before any report."""
+    return None if state is None else state[ids]
+
+
+def _store(state: np.ndarray | None, ids: np.ndarray, values: np.ndarray, num_clients: int) -> np.ndarray:
+    """CRA's EMAs, one entry per client id: updated for the clients that reported, kept for the absent."""
+    out = np.full(num_clients, np.nan) if state is None else state.copy()
+    out[ids] = values
+    return out
+
+
 class FedDimDPServer(Server):
     def __init__(self, ctx: MethodContext) -> None:
         super().__init__(ctx)
@@ -143,9 +155,12 @@ class FedDimDPServer(Server):
             deltas = torch.stack([r.delta for r in results]).numpy()
             q = self.utility(global_weights, results)
             n = np.array([r.num_samples for r in results], dtype=np.float64)
-            res = cra_weights(deltas, q, per_step, n, self.val_f1_ema, self.update_norm_ema, beta=cfg.cra.beta,
-                              rho=cfg.cra.rho, eta_p=cfg.cra.eta_p, weight_by_samples=cfg.cra.weight_by_samples)
-            self.val_f1_ema, self.update_norm_ema = res.val_f1_ema, res.update_norm_ema
+            ids = np.array([r.client_id for r in results], dtype=np.int64)
+            res = cra_weights(deltas, q, per_step, n, _rows(self.val_f1_ema, ids), _rows(self.update_norm_ema, ids),
+                              beta=cfg.cra.beta, rho=cfg.cra.rho, eta_p=cfg.cra.eta_p,
+                              weight_by_samples=cfg.cra.weight_by_samples)
+            self.val_f1_ema = _store(self.val_f1_ema, ids, res.val_f1_ema, cfg.num_clients)
+            self.update_norm_ema = _store(self.update_norm_ema, ids, res.update_norm_ema, cfg.num_clients)
             weights, step_size = res.robust_weight, cfg.cra.eta_g
             for i, row in enumerate(logs):
                 row.update(val_f1=q[i], update_norm_per_step=per_step[i], val_f1_ema=res.val_f1_ema[i],

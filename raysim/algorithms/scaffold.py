@@ -1,12 +1,13 @@
-"""SCAFFOLD (Karimireddy et al., ICML 2020), option II control variates, full participation.
+"""SCAFFOLD (Karimireddy et al., ICML 2020), option II control variates.
 
 Server: control variate c (0 before round 1), broadcast as ``payload.broadcast["control"]``.
 Client i: its own c_i (0 before its first round) travels in ``ClientTask.client_state`` and so lives
 on the server (a restarted actor recovers it). Each local step adds the correction c − c_i to the
 gradient; after K local steps of size η_l from x to y_i,
-c_i⁺ = c_i − c + (x − y_i)/(K·η_l) becomes the new client state. Server, with N clients (all
-participate): x ← x + (1/N) Σ_i Δy_i (global step 1, the uniform mean of the paper) and
-c ← c + (1/N) Σ_i (c_i⁺ − c_i).
+c_i⁺ = c_i − c + (x − y_i)/(K·η_l) becomes the new client state. Server, with the round's cohort S
+of the N clients (S = all under full participation): x ← x + (1/|S|) Σ_{i∈S} Δy_i (global step 1, the
+uniform mean of the paper) and c ← c + (1/N) Σ_{i∈S} (c_i⁺ − c_i), the paper's update with the whole
+population N in the denominator (absent clients' c_i are unchanged, so c stays the mean of all c_i).
 
 Privacy: non-private by default; with ``privacy.epsilon`` the local steps are DP-SGD. The correction
 c − c_i is added after privatisation, and c_i⁺ and c are computed from the DP-trained y_i (uploaded
@@ -60,8 +61,9 @@ class ScaffoldServer(Server):
     def payload(self, server_round: int, global_weights: torch.Tensor) -> RoundPayload:
         return RoundPayload(server_round, global_weights, global_weights, {CONTROL: self.control})
 
-    def tasks(self, server_round: int, client_states: dict[int, dict[str, Any] | None]) -> list[ClientTask]:
-        tasks = super().tasks(server_round, client_states)
+    def tasks(self, server_round: int, client_states: dict[int, dict[str, Any] | None],
+              participants: Sequence[int]) -> list[ClientTask]:
+        tasks = super().tasks(server_round, client_states, participants)
         self.sent = {t.client_id: (t.client_state or {}).get(CONTROL) for t in tasks}
         return tasks
 
@@ -74,8 +76,11 @@ class ScaffoldServer(Server):
                 raise RuntimeError(f"client {r.client_id} returned no SCAFFOLD control variate")
             old = self.sent.get(r.client_id)
             control_deltas.append(new if old is None else new - old)
-        # Full participation: c ← c + (|S|/N)·mean_S Δc_i = c + (1/N) Σ_i Δc_i.
-        self.control = (self.control.double() + sum64(control_deltas)).to(self.control.dtype)
+        # c ← c + (|S|/N)·mean_S Δc_i = c + (1/N) Σ_{i∈S} Δc_i (the factor is exactly 1 when all take part).
+        share = len(results) / self.cfg.num_clients
+        mean_control = sum64(control_deltas)
+        self.control = (self.control.double() + (mean_control if share == 1.0 else share * mean_control)
+                        ).to(self.control.dtype)
         logs = [{"aggregation_weight": 1.0 / len(results)} for _ in results]
         return Aggregate((global_weights.double() + step).to(global_weights.dtype), logs, {})
 

@@ -26,6 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dry-run", action="store_true", help="list the runs and their status, run nothing")
     p.add_argument("--retries", type=int, default=2, metavar="K",
                    help="times a run lost to the cluster (dead node or actors) is resumed from its checkpoint (default 2)")
+    p.add_argument("--fresh-actors", action="store_true",
+                   help="start new actors for every run instead of reusing warm ones across runs on the same data")
     p.set_defaults(func=cmd_sweep)
 
 
@@ -140,7 +142,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         try:
             run_sweep(todo, results_dir, sweep.sweep_id,
                       run_one=functools.partial(execute_row, restart=True) if args.restart else execute_row, address=args.address, max_concurrent=args.max_concurrent, retries=args.retries,
-                      listener=progress)
+                      reuse_actors=not args.fresh_actors, listener=progress)
         except KeyboardInterrupt:
             progress.close()
             print("raysim: sweep interrupted; rerun the same command to resume it", file=sys.stderr)

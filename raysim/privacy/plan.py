@@ -4,8 +4,10 @@ Privacy model (SPEC §2): record-level DP per client (add/remove one example of 
 honest-but-curious server, each client accounted separately. Per round, client i makes
 τ_i = E·⌈n_i/B⌉ Poisson-subsampled Gaussian releases with q_i = B/n_i, plus whatever side
 channels the method adds (e.g. a noised validation F1). With ``privacy.epsilon`` given, σ_i is
-calibrated for the whole planned run (all T rounds, every release) so it ends at ε without
-exceeding it.
+calibrated for the whole planned run (every round client i takes part in, every release) so it ends
+at ε without exceeding it. Under partial participation (``clients_per_round``) the participation
+schedule is public and drawn up front, so each client is planned for exactly its own rounds
+(:class:`ParticipationPlan`), lazily, the first time it trains.
 """
 
 from __future__ import annotations
@@ -133,3 +135,57 @@ def plan_noise(spec: MethodSpec, cfg: Config, clipping: str, q: np.ndarray, step
     for key in keys:
         found[key] = previous = calibrate_sigma(cfg, key[0], key[1], schedule, factor, channels, hint=previous)
     return np.array([found[(float(qi), int(si))] for qi, si in zip(q, steps)])
+
+
+class ParticipationPlan:
+    """σ_i per client under partial participation, each client planned for exactly its own rounds.
+
+    ``rounds_of[i]`` lists the (1-based) rounds client i trains in, from the public participation
+    schedule. With ``privacy.epsilon`` set, σ_i is calibrated (:func:`calibrate_sigma`) on the method's
+    σ schedule restricted to those rounds, the first time :meth:`sigma` is asked for it, and memoised by
+    its key (q_i, τ_i, the multiset of its rounds' schedule values), so set-up cost does not grow with the
+    population and clients that never train are never calibrated. The calibration is started without a
+    hint, so σ_i is a pure function of its key: the same whatever order clients are planned in, before or
+    after a resume.
+    """
+
+    def __init__(self, spec: MethodSpec, cfg: Config, clipping: str, q: np.ndarray, steps: np.ndarray,
+                 rounds_of: Sequence[np.ndarray]) -> None:
+        self.cfg = cfg
+        self.clipping = clipping
+        self.q = np.asarray(q, dtype=np.float64)
+        self.steps = np.asarray(steps, dtype=np.int64)
+        self.rounds_of = rounds_of
+        self.schedule = np.asarray(spec.server.sigma_schedule(cfg), dtype=np.float64)
+        self.factor = accounting_factor(clipping, spec.client.releases_for(cfg)) if clipping != "none" else 0.0
+        self.channels = side_channels(spec, cfg) if clipping != "none" else []
+        self.memo: dict[tuple, float] = {}
+        most = max((len(r) for r in rounds_of), default=0)
+        side = channels_event(self.channels, most) if self.channels and most else None
+        p = cfg.privacy
+        if side is not None and p.epsilon is not None and compute_epsilon([side], p.delta, p.accountant) >= p.epsilon:
+            # Checked up front (one evaluation), not when the busiest client first trains.
+            raise ConfigError(f"the side channels alone ({', '.join(c.name for c in self.channels)}) spend more "
+                              f"than privacy.epsilon={p.epsilon} over a client's {most} rounds; raise their noise "
+                              f"multipliers")
+
+    def key(self, client_id: int) -> tuple:
+        """(q_i, τ_i, ((schedule value, rounds with it), ...)): clients with equal keys share σ."""
+        scales, counts = np.unique(self.schedule[self.rounds_of[client_id] - 1], return_counts=True)
+        return (float(self.q[client_id]), int(self.steps[client_id]),
+                tuple((float(s), int(c)) for s, c in zip(scales, counts)))
+
+    def sigma(self, client_id: int) -> float:
+        """σ_i (before the per-round schedule); raises for a client with no rounds under calibration."""
+        if self.clipping == "none":
+            return 0.0
+        if self.cfg.privacy.noise_multiplier is not None:
+            return float(self.cfg.privacy.noise_multiplier)
+        rounds = self.rounds_of[client_id]
+        if len(rounds) == 0:
+            raise ValueError(f"client {client_id} takes part in no round: it has no noise multiplier to plan")
+        key = self.key(client_id)
+        if key not in self.memo:
+            self.memo[key] = calibrate_sigma(self.cfg, key[0], key[1], self.schedule[rounds - 1], self.factor,
+                                             self.channels)
+        return self.memo[key]

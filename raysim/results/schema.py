@@ -20,10 +20,13 @@ RUNS = pa.schema([
     ("clipping", STR), ("accountant", STR), ("not_covered_by_epsilon", STR), ("num_params", I64),
     ("wall_seconds", F64), ("code_version", STR), ("hostname", STR),
     ("client_nodes", STR), ("writer_node", STR),   # Ray node ids: client actors (JSON list), row writer
+    ("startup_seconds", F64),                      # Simulation construction until every client worker is ready
+    ("warm_actors", pa.bool_()),                   # Ray: actors borrowed from a sweep's warm pool
 ])
 
 ROUNDS = pa.schema([
-    ("run_id", STR), ("round", I64), ("test_accuracy", F64), ("test_f1", F64), ("test_loss", F64),
+    ("run_id", STR), ("round", I64), ("participants", I64),   # clients that trained in the round
+    ("test_accuracy", F64), ("test_f1", F64), ("test_loss", F64),
     ("clip_norm", F64), ("epsilon", F64), ("mean_train_loss", F64), ("round_seconds", F64),
     ("client_train_seconds", F64), ("communication_seconds", F64), ("aggregation_seconds", F64),
     ("accounting_seconds", F64), ("eval_seconds", F64), ("next_clip_norm", F64), ("noise_multiplier_scale", F64),

@@ -1,7 +1,9 @@
 """The driver (server) actor: holds the global model and the strategy, streams round records.
 
 The process that submitted the run consumes the stream and writes the Parquet rows, so all
-rows land where that process runs (the head node under ``ray job submit``).
+rows land where that process runs (the head node under ``ray job submit``). That process also
+asks for the client actors, before the driver actor exists, so that both start at once; a
+sweep's warm pool (:mod:`raysim.runtime.pool`) hands over actors that are already running.
 """
 
 from __future__ import annotations
@@ -11,34 +13,50 @@ from typing import Any, Iterator
 import ray
 
 from raysim.config import Config
-from raysim.runtime.ray_executor import RayExecutor
+from raysim.runtime.ray_executor import RayExecutor, start_client_actors
 from raysim.simulation import RoundRecord, SetupRecord, Simulation
 
 
 @ray.remote(num_cpus=0)
 class DriverActor:
-    def __init__(self, cfg: Config, train_ref: list, test_ref: list, placement_group: Any = None,
-                 resume: bytes | None = None) -> None:
-        self.executor = RayExecutor(placement_group)
+    """Runs one simulation at a time; :meth:`open` starts a run, :meth:`close` ends it (the actor can
+    then serve the next run of a sweep)."""
+
+    def __init__(self) -> None:
+        self.executor: RayExecutor | None = None
+        self.sim: Simulation | None = None
+
+    def open(self, cfg: Config, train_ref: list, test_ref: list, placement_group: Any = None,
+             resume: bytes | None = None, actors: list | None = None) -> SetupRecord:
+        self.executor = RayExecutor(placement_group, actors or ())
         self.sim = Simulation(cfg, ray.get(train_ref[0]), ray.get(test_ref[0]), self.executor, train_handle=train_ref)
         if resume is not None:
             self.sim.restore(resume)
-
-    def setup(self) -> SetupRecord:
         return self.sim.setup
 
     @ray.method(num_returns="streaming")
     def rounds(self) -> Iterator[RoundRecord]:
+        assert self.sim is not None, "open() first"
         yield from self.sim.run()
 
     def placements(self) -> list[dict[str, Any]]:
-        return self.executor.placements()
+        return self.executor.placements() if self.executor else []
 
     def client_actors(self) -> list[Any]:
-        return list(self.executor.actors)
+        return list(self.executor.actors) if self.executor else []
 
-    def shutdown(self) -> None:
-        self.executor.shutdown()
+    def ready(self) -> bool:
+        return True
+
+    def close(self, keep_actors: bool = False) -> list[Any]:
+        """End the run; returns its client actors when ``keep_actors`` (for a warm pool), else kills them."""
+        kept: list[Any] = []
+        if self.executor is not None:
+            if keep_actors:
+                kept = self.executor.detach()
+            self.executor.shutdown()
+        self.executor = self.sim = None
+        return kept
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
@@ -53,29 +71,86 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs)
 
 
-def ray_rounds(cfg: Config, train: Any, test: Any, placement_group: Any = None,
-               resume: bytes | None = None) -> tuple[SetupRecord, Iterator[RoundRecord], Any]:
-    """Start a driver actor for one run; returns its setup, the round stream, and the actor."""
-    options: dict[str, Any] = {}
-    if placement_group is not None:
-        # The driver holds no resources (num_cpus=0) but belongs with its run's clients.
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(placement_group)
-    driver = DriverActor.options(**options).remote(cfg, [ray.put(train)], [ray.put(test)], placement_group, resume)
-    setup = ray.get(driver.setup.remote())
+def _pinned_options(placement_group: Any) -> dict[str, Any]:
+    if placement_group is None:
+        return {}
+    # The driver holds no resources (num_cpus=0) but belongs with its run's clients.
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group)}
 
-    def stream() -> Iterator[RoundRecord]:
+
+def ray_rounds(cfg: Config, train: Any, test: Any, placement_group: Any = None, resume: bytes | None = None,
+               pool: Any = None) -> tuple[SetupRecord, Iterator[RoundRecord], Any, bool]:
+    """Start (or borrow from ``pool``) a driver actor and client actors for one run; returns its
+    setup, the round stream, the driver actor, and whether the actors were warm (from the pool)."""
+    test_ref = [ray.put(test)]
+    if pool is not None:
+        train_ref = ray.get(pool.data.remote(cfg, None if ray.get(pool.has_data.remote(cfg)) else [ray.put(train)]))
+        driver, actors, warm = ray.get(pool.acquire.remote(cfg, DriverActor))
+    else:
+        train_ref, warm = [ray.put(train)], False
+        # Client actors first: they import torch while the driver actor starts.
+        actors = start_client_actors(cfg, train_ref, placement_group)
+        driver = DriverActor.options(**_pinned_options(placement_group)).remote()
+    try:
+        setup = ray.get(driver.open.remote(cfg, train_ref, test_ref, placement_group, resume, actors))
+    except BaseException:
+        _end(driver, pool, actors, ok=False)
+        raise
+
+    return setup, RoundStream(driver, pool, actors), driver, warm
+
+
+class RoundStream:
+    """The round records of a run on Ray. Iterating it to the end returns the actors to the pool (or
+    kills them); :meth:`close` ends the run early, also when it was never iterated (its writer failed)."""
+
+    def __init__(self, driver: Any, pool: Any, actors: list) -> None:
+        self.driver, self.pool, self.actors = driver, pool, actors
+        self.closed = False
+
+    def __iter__(self) -> Iterator[RoundRecord]:
+        ok = False
         try:
-            for ref in driver.rounds.remote():
+            for ref in self.driver.rounds.remote():
                 yield ray.get(ref)
+            ok = True
         finally:
-            try:
-                ray.get(driver.shutdown.remote())
-            except Exception:  # the actor may already be gone after a failure
-                pass
-            ray.kill(driver)
+            self._finish(ok)
 
-    return setup, stream(), driver
+    def close(self) -> None:
+        self._finish(False)
+
+    def _finish(self, ok: bool) -> None:
+        if not self.closed:
+            self.closed = True
+            _end(self.driver, self.pool, self.actors, ok)
+
+
+
+def _end(driver: Any, pool: Any, actors: list, ok: bool) -> None:
+    """A finished run returns its actors to the pool; a failed one (or one without a pool) kills them."""
+    if pool is not None and ok:
+        try:
+            kept = ray.get(driver.close.remote(keep_actors=True))
+            ray.get(pool.release.remote(driver, kept))
+            return
+        except Exception:  # the pool or an actor is gone: fall through and kill what is left
+            pass
+    try:
+        ray.get(driver.close.remote())
+    except Exception:  # the actor may already be gone after a failure
+        pass
+    for a in [driver, *actors]:
+        try:
+            ray.kill(a)
+        except Exception:
+            pass
+    if pool is not None:
+        try:
+            ray.get(pool.discard.remote([driver, *actors]))
+        except Exception:
+            pass
 
 
 def run_placement(driver: Any) -> dict[str, str]:
@@ -88,14 +163,15 @@ def run_placement(driver: Any) -> dict[str, str]:
 
 class RayBackend:
     """Runs the simulation in a driver actor on Ray (joining ``address`` or starting a local Ray);
-    ``placement_group`` co-locates the run's actors (sweeps)."""
+    ``placement_group`` co-locates the run's actors (sweeps), ``pool`` lends warm actors (sweeps)."""
 
-    def __init__(self, address: str | None = None, placement_group: Any = None) -> None:
+    def __init__(self, address: str | None = None, placement_group: Any = None, pool: Any = None) -> None:
         self.address = address
         self.placement_group = placement_group
+        self.pool = pool
 
     def start(self, cfg: Config, train: Any, test: Any, resume: bytes | None = None
               ) -> tuple[SetupRecord, Iterator[RoundRecord], dict[str, Any]]:
         init_ray(self.address)
-        setup, records, driver = ray_rounds(cfg, train, test, self.placement_group, resume)
-        return setup, records, run_placement(driver)
+        setup, records, driver, warm = ray_rounds(cfg, train, test, self.placement_group, resume, self.pool)
+        return setup, records, {**run_placement(driver), "warm_actors": warm}

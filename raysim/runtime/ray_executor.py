@@ -1,47 +1,103 @@
-"""Ray executor: clients live in actors with fractional CPU/GPU resources.
+"""Ray executor: a fixed pool of client actors with fractional CPU/GPU resources.
 
-Each actor hosts the clients ``client_id % num_actors == k`` and receives the train arrays
-once, as an object-store reference. Every round the payload (global model and broadcast
-state) is ``ray.put`` once and its reference goes to all tasks. Actors restart on failure
-(``max_restarts``) and Ray retries their in-flight tasks (``max_task_retries``); because the
-client state lives on the server and every random stream is keyed by (round, client), a
-retried task returns exactly the same result.
+The pool has ``runtime.num_actors`` actors (default: as many as run at once on the cluster, at
+most one per client). Every actor can train every client: the run's train arrays are put into
+the object store once, so each node holds one copy that its actors read without copying, and a
+task names its client's shard (indices), from which the actor builds that client's tensors for
+the task. Each round the payload (global model, broadcast state) is ``ray.put`` once; tasks go
+to whichever actor is free, largest client first, so uneven shards do not leave cores idle.
+
+Actors restart on failure (``max_restarts``) and Ray retries their in-flight tasks
+(``max_task_retries``); because client state lives on the server and every random stream is
+keyed by (round, client), a retried task, or one run on another actor, returns exactly the same
+result.
+
+This module is what a client actor imports: it must stay free of the server side (pandas,
+pyarrow, the accountants, the CLI); ``tests/integration/test_actor_startup.py`` checks
+``sys.modules`` inside an actor.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import time
+import uuid
+from collections import deque
 from typing import Any, Sequence
 
 import ray
 
-from raysim.client import ClientRunner
+from raysim.client import ClientRunner, eval_where
 from raysim.config import Config
 from raysim.messages import ClientData, ClientResult, ClientTask, RoundPayload
 
 
 @ray.remote
 class ClientActor:
-    def __init__(self, cfg: Config, clipping: str, train_ref: list, clients: Sequence[ClientData]) -> None:
-        if cfg.runtime.gpu_memory_fraction is not None and cfg.runtime.num_gpus_per_client > 0:
+    """Hosts one :class:`ClientRunner`; trains whichever client a task names.
+
+    Every task carries its run's setup ``(token, cfg, clipping)`` (one object per run): the actor
+    (re)configures its runner whenever the token changes, so a warm actor lent to the next run of
+    a sweep, or an actor Ray restarted mid-run, always trains with the run's own configuration.
+    """
+
+    def __init__(self, train_ref: list, gpu_memory_fraction: float | None = None) -> None:
+        if gpu_memory_fraction is not None:
             import torch
             if torch.cuda.is_available():
                 # Fractional num_gpus only limits scheduling; cap this process's CUDA memory explicitly.
-                torch.cuda.set_per_process_memory_fraction(cfg.runtime.gpu_memory_fraction)
-        self.runner = ClientRunner(cfg, clipping, ray.get(train_ref[0]), clients)
+                torch.cuda.set_per_process_memory_fraction(gpu_memory_fraction)
+        self.train_data = ray.get(train_ref[0])
+        self.runner: ClientRunner | None = None
+        self.token: str | None = None
+        self.trained: set[int] = set()
 
-    def train(self, payload: RoundPayload, task: ClientTask) -> ClientResult:
-        return self.runner.train(payload, task)
+    def ready(self) -> bool:
+        return True
+
+    def _runner(self, setup: tuple[str, Config, str]) -> ClientRunner:
+        token, cfg, clipping = setup
+        if token != self.token or self.runner is None:
+            if self.runner is None:
+                self.runner = ClientRunner(cfg, clipping, self.train_data)
+            else:
+                self.runner.configure(cfg, clipping)
+            self.token = token
+            self.trained = set()
+        return self.runner
+
+    def train(self, payload: RoundPayload, task: ClientTask, client: ClientData,
+              setup: tuple[str, Config, str]) -> ClientResult:
+        runner = self._runner(setup)
+        self.trained.add(task.client_id)
+        return runner.train(payload, task, client)
+
+    def evaluate(self, weights: Any, test: tuple, setup: tuple[str, Config, str]) -> Any:
+        return self._runner(setup).evaluate(weights, *test)
+
+    def modules(self) -> list[str]:
+        """Names in this process's ``sys.modules`` (the import-path test)."""
+        import sys
+        return sorted(sys.modules)
 
     def where(self) -> dict[str, Any]:
         return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
-                "clients": self.runner.client_ids()}
+                "clients": sorted(self.trained)}
 
 
-def actor_count(cfg: Config) -> int:
-    """Client actors of a run: ``runtime.num_actors`` (default one per client), at most one per client."""
-    return min(cfg.runtime.num_actors or cfg.num_clients, cfg.num_clients)
+def actor_count(cfg: Config, resources: dict[str, float] | None = None) -> int:
+    """Client actors of a run: ``runtime.num_actors``, else as many as the cluster runs at once
+    (its CPUs over ``num_cpus_per_client``, and its GPUs over ``num_gpus_per_client``); never more
+    than the clients, never fewer than one."""
+    r = cfg.runtime
+    if r.num_actors is not None:
+        return max(1, min(r.num_actors, cfg.num_clients))
+    resources = ray.cluster_resources() if resources is None else resources
+    fit = resources.get("CPU", 1.0) / (r.num_cpus_per_client or 1.0)
+    if r.num_gpus_per_client > 0:
+        fit = min(fit, resources.get("GPU", 0.0) / r.num_gpus_per_client)
+    return int(max(1, min(cfg.num_clients, math.floor(fit + 1e-9))))
 
 
 def cpus_per_actor(cfg: Config, num_actors: int) -> float:
@@ -53,46 +109,102 @@ def cpus_per_actor(cfg: Config, num_actors: int) -> float:
     return max(0.01, math.floor(min(1.0, total / num_actors) * 1e4) / 1e4)
 
 
-class RayExecutor:
-    """Executor over Ray actors; ``placement_group`` (optional) co-locates a run's actors."""
+def start_client_actors(cfg: Config, train_ref: list, placement_group: Any = None, restarts: bool = True) -> list[Any]:
+    """Request the run's pool of client actors (:func:`actor_count` of them); returns at once.
 
-    def __init__(self, placement_group: Any = None) -> None:
-        self.actors: list[Any] = []
-        self.owner: dict[int, int] = {}
+    ``restarts=False`` (a sweep's warm pool) creates actors that Ray does not restart: a restarted
+    actor needs its resources again, and a pooled one outside any placement group could wait for
+    them forever behind idle actors; the sweep instead resumes the run from its checkpoint."""
+    num_actors = actor_count(cfg)
+    restarts_ = cfg.runtime.max_actor_restarts if restarts else 0
+    options: dict[str, Any] = {
+        "num_cpus": cpus_per_actor(cfg, num_actors), "num_gpus": cfg.runtime.num_gpus_per_client,
+        "max_restarts": restarts_, "max_task_retries": restarts_,
+    }
+    if placement_group is not None:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(placement_group)
+    fraction = cfg.runtime.gpu_memory_fraction if cfg.runtime.num_gpus_per_client > 0 else None
+    return [ClientActor.options(**options).remote(train_ref, fraction) for _ in range(num_actors)]
+
+
+class RayExecutor:
+    """Executor over a pool of Ray actors; ``placement_group`` (optional) co-locates a run's actors,
+    ``actors`` (optional) are actors already started on the same data (a sweep's warm pool)."""
+
+    #: Tasks in flight per actor: the second is queued on the actor, so it never waits for the driver.
+    DEPTH = 2
+
+    def __init__(self, placement_group: Any = None, actors: Sequence[Any] = ()) -> None:
+        self.actors: list[Any] = list(actors)
         self.placement_group = placement_group
         self.train_ref: list | None = None
+        self._pending: list[Any] = []
+        self.startup_seconds = 0.0
 
-    def start(self, cfg: Config, clipping: str, train: Any, clients: Sequence[ClientData]) -> None:
-        num_actors = actor_count(cfg)
+    def start(self, cfg: Config, clipping: str, train: Any) -> None:
+        """Ask Ray for the actors (or re-target the given ones) and return at once: they start while
+        the server plans the run."""
+        self._t0 = time.perf_counter()
         train_ref = train if isinstance(train, list) else [ray.put(train)]
         # Held for the executor's lifetime: a restarted actor re-runs __init__ with these same
         # arguments, and the train arrays must still exist in the object store then.
         self.train_ref = train_ref
-        options: dict[str, Any] = {
-            "num_cpus": cpus_per_actor(cfg, num_actors), "num_gpus": cfg.runtime.num_gpus_per_client,
-            "max_restarts": cfg.runtime.max_actor_restarts, "max_task_retries": cfg.runtime.max_actor_restarts,
-        }
-        if self.placement_group is not None:
-            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.placement_group)
-        for k in range(num_actors):
-            mine = [c for c in clients if c.client_id % num_actors == k]
-            self.actors.append(ClientActor.options(**options).remote(cfg, clipping, train_ref, mine))
-            for c in mine:
-                self.owner[c.client_id] = k
+        self.setup_ref = ray.put((uuid.uuid4().hex, cfg, clipping))
+        self.eval_on = eval_where(cfg)
+        self._test: tuple[int, Any] | None = None
+        if not self.actors:
+            self.actors = start_client_actors(cfg, train_ref, self.placement_group)
+            self._pending = [a.ready.remote() for a in self.actors]
 
-    def run_round(self, payload: RoundPayload, tasks: Sequence[ClientTask]) -> list[ClientResult]:
+    def ready(self) -> None:
+        """Block until every actor has started (imports done, model built)."""
+        if self._pending:
+            ray.get(self._pending)
+            self._pending = []
+            self.startup_seconds = time.perf_counter() - self._t0
+
+    def run_round(self, payload: RoundPayload, tasks: Sequence[ClientTask],
+                  clients: Sequence[ClientData]) -> list[ClientResult]:
+        """Train ``tasks`` (``clients[j]`` is the shard of ``tasks[j]``); results sorted by client id."""
+        self.ready()
         payload_ref = ray.put(payload)
-        refs = [self.actors[self.owner[t.client_id]].train.remote(payload_ref, t) for t in tasks]
+        queue = deque(sorted(range(len(tasks)), key=lambda j: (-len(clients[j].train_indices), j)))
+        running: dict[Any, int] = {}
         results: list[ClientResult] = []
-        pending = list(refs)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            results.extend(ray.get(done))
+
+        def submit(k: int) -> None:
+            j = queue.popleft()
+            running[self.actors[k].train.remote(payload_ref, tasks[j], clients[j], self.setup_ref)] = k
+
+        for _ in range(self.DEPTH):
+            for k in range(len(self.actors)):
+                if queue:
+                    submit(k)
+        while running:
+            done, _ = ray.wait(list(running), num_returns=1)
+            k = running.pop(done[0])
+            results.append(ray.get(done[0]))
+            if queue:
+                submit(k)
         return sorted(results, key=lambda r: r.client_id)
+
+    def evaluate(self, weights: Any, x: Any, y: Any, num_classes: int) -> Any:
+        """With ``runtime.eval_on=actor``, the first actor evaluates (the test set is put once per run);
+        else None: the simulation evaluates in the driver."""
+        if self.eval_on != "actor":
+            return None
+        if self._test is None or self._test[0] != id(x):
+            self._test = (id(x), ray.put((x, y, num_classes)))
+        return ray.get(self.actors[0].evaluate.remote(weights, self._test[1], self.setup_ref))
 
     def placements(self) -> list[dict[str, Any]]:
         return ray.get([a.where.remote() for a in self.actors])
+
+    def detach(self) -> list[Any]:
+        """Hand the actors over (to a sweep's warm pool) instead of killing them at shutdown."""
+        actors, self.actors = self.actors, []
+        return actors
 
     def shutdown(self) -> None:
         for a in self.actors:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Sequence
 
-from raysim.client import ClientRunner
+from raysim.client import ClientRunner, eval_where
 from raysim.config import Config
 from raysim.messages import ClientData, ClientResult, ClientTask, RoundPayload
 from raysim.simulation import RoundRecord, SetupRecord, Simulation
@@ -16,12 +16,21 @@ class SerialExecutor:
     def __init__(self) -> None:
         self.runner: ClientRunner | None = None
 
-    def start(self, cfg: Config, clipping: str, train: Any, clients: Sequence[ClientData]) -> None:
-        self.runner = ClientRunner(cfg, clipping, train, clients)
+    def start(self, cfg: Config, clipping: str, train: Any) -> None:
+        self.runner = ClientRunner(cfg, clipping, train)
 
-    def run_round(self, payload: RoundPayload, tasks: Sequence[ClientTask]) -> list[ClientResult]:
+    def ready(self) -> None:
+        return None
+
+    def run_round(self, payload: RoundPayload, tasks: Sequence[ClientTask],
+                  clients: Sequence[ClientData]) -> list[ClientResult]:
         assert self.runner is not None, "start() first"
-        return sorted((self.runner.train(payload, t) for t in tasks), key=lambda r: r.client_id)
+        return sorted((self.runner.train(payload, t, c) for t, c in zip(tasks, clients)), key=lambda r: r.client_id)
+
+    def evaluate(self, weights: Any, x: Any, y: Any, num_classes: int) -> Any:
+        """The runner evaluates when ``runtime.eval_on`` says actor (on its device); else None: the simulation does."""
+        assert self.runner is not None, "start() first"
+        return self.runner.evaluate(weights, x, y, num_classes) if eval_where(self.runner.cfg) == "actor" else None
 
     def shutdown(self) -> None:
         self.runner = None

@@ -1,6 +1,9 @@
 """Run many experiments at once on one Ray cluster, with Ray Core (see docs/cluster.md for why not Tune).
 
-Each run gets a placement group (one bundle per client actor, strategy PACK) that holds its
+By default the runs borrow their driver and client actors from a warm pool
+(:mod:`raysim.runtime.pool`): runs on the same data reuse actors that are already running, so
+only the first run of each kind pays for starting processes. With ``reuse_actors=False`` each
+run gets a placement group (one bundle per client actor, strategy PACK) that holds its fresh
 driver and client actors. The run itself, the ``run_experiment`` call that streams rows into
 the results folder, is a zero-CPU task pinned to the node of the sweep's driver (the head node
 under ``ray job submit``), so every row is written by one machine into one folder while the
@@ -82,8 +85,10 @@ RunOne = Callable[..., dict[str, Any]]
 
 
 @ray.remote(num_cpus=0, max_retries=0)
-def _run_task(run_one: RunOne, cfg: Config, results_dir: str, sweep_id: str, pg: Any) -> dict[str, Any]:
-    return run_one(cfg, results_dir, sweep_id=sweep_id, placement_group=pg)
+def _run_task(run_one: RunOne, cfg: Config, results_dir: str, sweep_id: str, pg: Any, pool: Any) -> dict[str, Any]:
+    if pool is None:
+        return run_one(cfg, results_dir, sweep_id=sweep_id, placement_group=pg)
+    return run_one(cfg, results_dir, sweep_id=sweep_id, placement_group=pg, pool=pool)
 
 
 def _error_text(exc: BaseException) -> str:
@@ -117,7 +122,7 @@ def _lost_to_the_cluster(exc: BaseException) -> bool:
 
 
 def run_sweep(configs: Sequence[Config], results_dir: str, sweep_id: str, *, run_one: RunOne,
-              address: str | None = None, retries: int = 2,
+              address: str | None = None, retries: int = 2, reuse_actors: bool = True,
               max_concurrent: int | None = None, listener: SweepListener | None = None,
               poll_seconds: float = 1.0) -> list[RunOutcome]:
     """Run ``configs`` in parallel; returns one outcome per config, in completion order.
@@ -128,6 +133,8 @@ def run_sweep(configs: Sequence[Config], results_dir: str, sweep_id: str, *, run
     ``max_concurrent`` bounds the placement groups in
     flight (default: as many of the largest runs as fit the cluster's current resources); groups
     that do not fit wait in Ray's queue, where an autoscaling cluster sees them and grows.
+    ``reuse_actors`` lends runs warm actors from a pool (see the module docstring); ``run_one`` is
+    then also given ``pool=``.
     """
     init_ray(address)
     here = ray.get_runtime_context().get_node_id()
@@ -141,58 +148,72 @@ def run_sweep(configs: Sequence[Config], results_dir: str, sweep_id: str, *, run
     outcomes: list[RunOutcome] = []
     attempts: dict[str, int] = {}
     warned = False
+    pool = None
+    if reuse_actors and any(plan.bundles for plan in plans):
+        from raysim.runtime.pool import ActorPool
+        pool = ActorPool.options(scheduling_strategy=pin).remote()
 
     def launch(plan: _Planned, pg: Any) -> None:
         options: dict[str, Any] = {"scheduling_strategy": pin}
-        if pg is None:
+        if not plan.bundles:
             options["num_cpus"] = plan.demand["CPU"]
-        ref = _run_task.options(**options).remote(run_one, plan.cfg, results_dir, sweep_id, pg)
+        ref = _run_task.options(**options).remote(run_one, plan.cfg, results_dir, sweep_id, pg,
+                                                  pool if plan.bundles else None)
         running[ref] = (plan, pg)
         if listener:
             listener.started(run_id_for(plan.cfg))
 
-    while queue or waiting or running:
-        while queue and len(waiting) + len(running) < cap:
-            plan = queue.popleft()
-            if not _fits(plan, totals) and not warned:
-                warned = True
-                have = {k: totals.get(k, 0.0) for k in plan.demand}
-                print(f"raysim: a run needs {plan.demand} but the cluster has {have}; waiting for resources "
-                      f"(an autoscaling cluster adds nodes; Ctrl-C to stop)", flush=True)
-            if plan.bundles:
-                pg = placement_group(plan.bundles, strategy="PACK")
-                waiting[pg.ready()] = (plan, pg)
-            else:
-                launch(plan, None)
-        ready, _ = ray.wait([*waiting, *running], num_returns=1, timeout=poll_seconds)
-        for ref in ready:
-            if ref in waiting:
-                launch(*waiting.pop(ref))
-                continue
-            plan, pg = running.pop(ref)
-            run_id = run_id_for(plan.cfg)
-            retry = False
-            try:
-                outcome = RunOutcome(run_id, "completed", row=ray.get(ref))
-            except Exception as exc:  # a failed run is reported, the sweep goes on
-                error = _error_text(exc)
-                row = _record_failure(results_dir, plan.cfg, sweep_id, error)
-                outcome = RunOutcome(run_id, "failed", row=row, error=error)
-                attempts[run_id] = attempts.get(run_id, 0) + 1
-                retry = _lost_to_the_cluster(exc) and attempts[run_id] <= retries
+    try:
+        while queue or waiting or running:
+            while queue and len(waiting) + len(running) < cap:
+                plan = queue.popleft()
+                if not _fits(plan, totals) and not warned:
+                    warned = True
+                    have = {k: totals.get(k, 0.0) for k in plan.demand}
+                    print(f"raysim: a run needs {plan.demand} but the cluster has {have}; waiting for resources "
+                          f"(an autoscaling cluster adds nodes; Ctrl-C to stop)", flush=True)
+                if plan.bundles and pool is None:
+                    pg = placement_group(plan.bundles, strategy="PACK")
+                    waiting[pg.ready()] = (plan, pg)
+                else:
+                    launch(plan, None)
+            ready, _ = ray.wait([*waiting, *running], num_returns=1, timeout=poll_seconds)
+            for ref in ready:
+                if ref in waiting:
+                    launch(*waiting.pop(ref))
+                    continue
+                plan, pg = running.pop(ref)
+                run_id = run_id_for(plan.cfg)
+                retry = False
+                try:
+                    outcome = RunOutcome(run_id, "completed", row=ray.get(ref))
+                except Exception as exc:  # a failed run is reported, the sweep goes on
+                    error = _error_text(exc)
+                    row = _record_failure(results_dir, plan.cfg, sweep_id, error)
+                    outcome = RunOutcome(run_id, "failed", row=row, error=error)
+                    attempts[run_id] = attempts.get(run_id, 0) + 1
+                    retry = _lost_to_the_cluster(exc) and attempts[run_id] <= retries
+                    if retry:
+                        print(f"raysim: run {run_id} was lost to the cluster ({error}); resuming it from its last "
+                              f"checkpoint (retry {attempts[run_id]} of {retries})", flush=True)
+                        queue.append(plan)
+                        if pool is not None:   # its actors may have died with a node: start the retry afresh
+                            ray.get(pool.flush.remote())
+                finally:
+                    if pg is not None:
+                        remove_placement_group(pg)
                 if retry:
-                    print(f"raysim: run {run_id} was lost to the cluster ({error}); resuming it from its last "
-                          f"checkpoint (retry {attempts[run_id]} of {retries})", flush=True)
-                    queue.append(plan)
-            finally:
-                if pg is not None:
-                    remove_placement_group(pg)
-            if retry:
-                continue
-            outcomes.append(outcome)
+                    continue
+                outcomes.append(outcome)
+                if listener:
+                    listener.finished(outcome)
             if listener:
-                listener.finished(outcome)
-        if listener:
-            listener.tick(len(waiting) + len(queue))
-        totals = {k: float(v) for k, v in ray.cluster_resources().items()}
+                listener.tick(len(waiting) + len(queue))
+            totals = {k: float(v) for k, v in ray.cluster_resources().items()}
+    finally:
+        if pool is not None:
+            try:
+                ray.get(pool.shutdown.remote())
+            finally:
+                ray.kill(pool)
     return outcomes

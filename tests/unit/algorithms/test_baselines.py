@@ -97,7 +97,7 @@ def test_scaffold_control_variates_on_a_toy():
     def client_round(t, w, ends):
         payload = server.payload(t, w)
         results = []
-        for task, end in zip(server.tasks(t, states), ends):
+        for task, end in zip(server.tasks(t, states, [0, 1]), ends):
             hooks = ScaffoldHooks(cfg, payload, task)
             params = [torch.nn.Parameter(payload.start_weights.clone())]
             corr = hooks.extra_gradient(params)
@@ -126,7 +126,7 @@ def test_scaffold_control_variates_on_a_toy():
     server.aggregate(2, agg.global_weights, r2)
     # Δc = [0.5, -1] and [-0.5, -1] -> c = [0.5, 1] + [0, -1] = [0.5, 0] (= mean of the c_i, as it must stay).
     torch.testing.assert_close(server.control, _vec(0.5, 0.0))
-    hooks = ScaffoldHooks(cfg, server.payload(3, w0), server.tasks(3, states)[0])
+    hooks = ScaffoldHooks(cfg, server.payload(3, w0), server.tasks(3, states, [0, 1])[0])
     torch.testing.assert_close(hooks.extra_gradient([torch.nn.Parameter(torch.zeros(2))])[0], _vec(-1.0, 1.0))
 
 
@@ -135,7 +135,7 @@ def test_scaffold_control_variates_on_a_toy():
 def test_quantile_clip_update_through_the_server():
     cfg = _cfg(num_clients=4, seed=3, privacy={"clip_norm": 2.0}, quantile={"eta_c": 0.2, "target_quantile": 0.5})
     server = QuantileClipServer(_ctx(cfg, num_clients=4))
-    assert server.clip_norm(1) == 2.0 and server.tasks(1, {})[0].clip_norm == 2.0
+    assert server.clip_norm(1) == 2.0 and server.tasks(1, {}, range(4))[0].clip_norm == 2.0
     fracs = [0.0, 0.5, 1.0, 0.9]    # fractions of clipped examples -> b_i = [1, 0.5, 0, 0.1], b̄ = 0.4
     results = [_result(i, [0.0, 0.0], frac_clipped=f, uploads={"unclipped_fraction": 1.0 - f})
                for i, f in enumerate(fracs)]

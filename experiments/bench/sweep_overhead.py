@@ -1,0 +1,91 @@
+"""What a sweep pays besides training: the smoke sweep with the warm-actor pool on and off, in one run.
+
+    python experiments/bench/sweep_overhead.py [--sweep experiments/sweeps/smoke.yaml] [--json]
+
+Both arms run the same sweep on one local Ray (started once, before either arm), each into a
+fresh results folder, in alternating order over ``--repeats`` (pool off first, then on, then
+off, ...). For each arm the script reads the tables the sweep wrote and reports:
+
+* ``round_s``: the sum over runs of their rounds' ``round_seconds`` (the work);
+* ``wall_s``: the sweep's wall time (``run_sweep`` call to return);
+* ``ratio``: wall / round time (1 would be a sweep with no overhead at all);
+* overhead of a run: its ``wall_seconds`` (runs table: its start to its completion) minus its
+  rounds' time: what a sweep pays for every run (process start, imports, data, set-up, writes).
+  ``overhead_cold_s`` averages the runs that started their own actors (with the pool: the first
+  run of each concurrent slot), ``overhead_warm_s`` the runs that borrowed warm actors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+from raysim.results import read_table  # noqa: E402
+from raysim.runtime import execute_row  # noqa: E402
+from raysim.runtime.driver import init_ray  # noqa: E402
+from raysim.runtime.sweep_runner import run_sweep  # noqa: E402
+from raysim.sweep import load_sweep  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def one_sweep(sweep, reuse: bool, folder: str) -> dict:
+    t0 = time.perf_counter()
+    outcomes = run_sweep(sweep.configs, folder, sweep.sweep_id, run_one=execute_row, reuse_actors=reuse)
+    wall = time.perf_counter() - t0
+    failed = [o for o in outcomes if o.status != "completed"]
+    if failed:
+        raise SystemExit(f"sweep_overhead: {len(failed)} run(s) failed: {failed[0].error}")
+    runs = read_table(folder, "runs").sort_values("start_time")
+    rounds = read_table(folder, "rounds")
+    per_run = rounds.groupby("run_id")["round_seconds"].sum()
+    warm = [bool(w) for w in runs["warm_actors"]]
+    overhead = [float(r.wall_seconds - per_run[r.run_id]) for r in runs.itertuples()]
+    cold_o = [o for o, w in zip(overhead, warm) if not w]
+    warm_o = [o for o, w in zip(overhead, warm) if w]
+    return {"runs": len(runs), "round_s": float(per_run.sum()), "wall_s": wall, "ratio": wall / float(per_run.sum()),
+            "overhead_cold_s": statistics.mean(cold_o) if cold_o else float("nan"),
+            "overhead_warm_s": statistics.mean(warm_o) if warm_o else float("nan"), "cold_runs": len(cold_o),
+            "warm_runs": len(warm_o), "startup_s": [float(s) for s in runs["startup_seconds"]], "warm_actors": warm}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sweep", default=str(REPO / "experiments" / "sweeps" / "smoke.yaml"))
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    sweep = load_sweep(args.sweep, overrides=["runtime.executor=ray"])
+    init_ray()
+    arms: dict[str, list[dict]] = {"pool off": [], "pool on": []}
+    with tempfile.TemporaryDirectory(prefix="sweep-overhead-") as tmp:
+        for rep in range(args.repeats):
+            for name, reuse in (("pool off", False), ("pool on", True)):
+                arms[name].append(one_sweep(sweep, reuse, os.path.join(tmp, f"{name.replace(' ', '-')}-{rep}")))
+    keys = ("round_s", "wall_s", "ratio", "overhead_cold_s", "overhead_warm_s", "cold_runs", "warm_runs")
+    summary = {name: {k: statistics.mean(r[k] for r in results) for k in keys}
+               | {"runs": results[0]["runs"], "warm_actors": results[-1]["warm_actors"]}
+               for name, results in arms.items()}
+    result = {"sweep": args.sweep, "cpus": os.cpu_count(), "repeats": args.repeats, "arms": summary}
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    print(f"sweep={Path(args.sweep).name} runs={summary['pool on']['runs']} cpus={os.cpu_count()} repeats={args.repeats}")
+    print("| actors | sum of round time (s) | sweep wall (s) | wall / rounds | overhead per run, fresh actors (s) | "
+          "overhead per run, warm actors (s) |")
+    print("|---|---|---|---|---|---|")
+    for name, r in summary.items():
+        warm = f"{r['overhead_warm_s']:.2f} ({r['warm_runs']:.0f} runs)" if r["warm_runs"] else "—"
+        print(f"| {name} | {r['round_s']:.2f} | {r['wall_s']:.2f} | {r['ratio']:.2f} | "
+              f"{r['overhead_cold_s']:.2f} ({r['cold_runs']:.0f} runs) | {warm} |")
+
+
+if __name__ == "__main__":
+    main()

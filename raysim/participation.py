@@ -1,0 +1,63 @@
+"""Which clients train in which round (cross-device cohorts): the participation schedule.
+
+The schedule is public randomness: it is drawn on the server, before round 1, from the run seed alone
+(stream ``(seed, "participation", round)``), never from data, so it is the same on every executor and
+after a resume, and the privacy plan can read each client's whole participation up front.
+
+``participation`` (R, the paper has every client in every round):
+
+* ``uniform``: exactly k = ``clients_per_round`` distinct clients per round, drawn without replacement,
+  each round independently of the others.
+* ``poisson``: each client independently with probability k/N per round; the cohort size varies and a
+  round may have no participant (the simulation then leaves the global model and the server state
+  unchanged and logs the round with ``participants = 0``).
+
+Privacy: the accountant treats the schedule as public and composes, for each client, exactly the
+rounds it takes part in; it claims no amplification by client sampling (the guarantee is per example
+of one client, SPEC §2, and a client's own rounds are known to the adversary).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from raysim.config import Config
+from raysim.rng import np_generator
+
+__all__ = ["participation_schedule", "rounds_by_client", "is_full"]
+
+
+def _round_cohort(cfg: Config, server_round: int) -> np.ndarray:
+    n, k = cfg.num_clients, cfg.clients_per_round
+    if k is None:
+        return np.arange(n, dtype=np.int64)
+    # One stream per round: round t's cohort does not depend on T, so a shorter run is a prefix.
+    rng = np_generator(cfg.seed, "participation", server_round)
+    if cfg.participation == "uniform":
+        return np.sort(rng.choice(n, size=k, replace=False)).astype(np.int64)
+    if cfg.participation == "poisson":
+        return np.flatnonzero(rng.random(n) < k / n).astype(np.int64)
+    raise ValueError(f"unknown participation {cfg.participation!r}")
+
+
+def participation_schedule(cfg: Config) -> list[np.ndarray]:
+    """Sorted client ids of each round t = 1..T (entry t − 1); every client in every round when
+    ``clients_per_round`` is None. A pure function of the config (seed, N, k, mode, T)."""
+    return [_round_cohort(cfg, t) for t in range(1, cfg.rounds + 1)]
+
+
+def rounds_by_client(schedule: list[np.ndarray], num_clients: int) -> list[np.ndarray]:
+    """For each client, the sorted rounds (1-based) in which it trains."""
+    if not schedule:
+        return [np.zeros(0, dtype=np.int64) for _ in range(num_clients)]
+    rounds = np.concatenate([np.full(len(c), t, dtype=np.int64) for t, c in enumerate(schedule, start=1)])
+    clients = np.concatenate(schedule).astype(np.int64)
+    order = np.lexsort((rounds, clients))     # by client, then round
+    bounds = np.searchsorted(clients[order], np.arange(num_clients + 1))
+    ordered = rounds[order]
+    return [ordered[bounds[i]:bounds[i + 1]] for i in range(num_clients)]
+
+
+def is_full(schedule: list[np.ndarray], num_clients: int) -> bool:
+    """Every client trains in every round (``clients_per_round`` None, k = N, or a draw that happens to be)."""
+    return all(len(c) == num_clients for c in schedule)

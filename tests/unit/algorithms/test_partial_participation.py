@@ -1,0 +1,204 @@
+"""Partial participation (``clients_per_round``) for every registered method.
+
+Parametrised over the registry: each method runs 3 rounds of the digits quickstart with 2 of 6 clients
+per round (serial), and a second simulation restored from the checkpoint after round 1 must repeat
+rounds 2-3 bit for bit. Also: the server maths of the methods whose state is per client (SCAFFOLD's
+controls, CRA's EMAs) on hand-computed toys, the tables, a Poisson round without participants, and
+full participation through the new code path.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from raysim.algorithms.base import MethodContext
+from raysim.algorithms.cra_math import ema
+from raysim.algorithms.feddimdp import FedDimDPServer
+from raysim.algorithms.registry import all_methods
+from raysim.algorithms.scaffold import ScaffoldServer
+from raysim.config import apply_overrides, config_from_dict, read_yaml
+from raysim.experiment import prepare
+from raysim.messages import ClientResult
+from raysim.participation import participation_schedule
+from raysim.results import read_table
+from raysim.runtime import execute
+from raysim.runtime.serial import SerialExecutor
+from raysim.simulation import Simulation
+from tests.conftest import REPO
+
+METHODS = [spec.name for spec in all_methods()]
+TIMING = ("round_seconds", "client_train_seconds", "communication_seconds", "aggregation_seconds",
+          "accounting_seconds", "eval_seconds", "client_seconds")
+
+
+def _quickstart(method: str, **changes):
+    values = apply_overrides(read_yaml(REPO / "experiments" / "quickstart.yaml"), [
+        ("method", method), ("rounds", 3), ("num_clients", 6), ("clients_per_round", 2), ("seed", 0),
+        ("runtime.executor", "serial"), ("data.test_subsample", 200), ("data.min_samples_per_client", 20),
+        *changes.items()])
+    return config_from_dict(values)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return prepare(_quickstart("fedsa"))
+
+
+def _strip(row: dict) -> dict:
+    return {k: v for k, v in row.items() if k not in TIMING}
+
+
+def _same(a, b) -> bool:
+    """Equal, NaN included (a round's logs may hold NaN, e.g. an empty round's mean loss)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    return a == b
+
+
+def _assert_rows_equal(x: list[dict], y: list[dict]) -> None:
+    assert len(x) == len(y)
+    for a, b in zip(x, y):
+        a, b = _strip(a), _strip(b)
+        assert a.keys() == b.keys()
+        assert all(_same(a[k], b[k]) for k in a), {k: (a[k], b[k]) for k in a if not _same(a[k], b[k])}
+
+
+def _assert_state_equal(a, b) -> None:
+    """Server states equal value by value (NaN equal to NaN; pickled bytes of tensors are not canonical)."""
+    assert type(a) is type(b)
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _assert_state_equal(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _assert_state_equal(x, y)
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b)
+    elif isinstance(a, np.ndarray):
+        np.testing.assert_array_equal(a, b)
+    else:
+        assert _same(a, b)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_method_runs_with_absent_clients_and_resumes_bit_for_bit(data, method):
+    cfg = _quickstart(method)
+    train, test = data
+    sim = Simulation(cfg, train, test, SerialExecutor())
+    records = list(sim.run())
+    schedule = participation_schedule(cfg)
+    assert [len(c) for c in schedule] == [2, 2, 2]
+    trained = set()
+    for rec, cohort in zip(records, schedule):
+        assert rec.round_row["participants"] == 2
+        assert [row["client_id"] for row in rec.client_rows] == list(cohort)     # participants only
+        trained |= set(cohort.tolist())
+        assert np.isfinite(rec.round_row["test_loss"])
+    assert set(sim.client_states) == trained                                      # absent clients: no state
+    if sim.clipping != "none":
+        eps = [sim.ledgers[c].epsilon() for c in range(cfg.num_clients)]
+        assert max(eps) <= 8.0 + 1e-9 and records[-1].round_row["epsilon"] == max(eps)
+        for cid, ledger in enumerate(sim.ledgers):
+            own = sum(cid in c for c in schedule)
+            dp_sgd = sum(e.count for e in ledger.events if e.sample_rate < 1.0)
+            assert dp_sgd == own * int(sim.steps[cid])                            # events for its rounds only
+            assert (own == 0) == (eps[cid] == 0.0) and (own == 0) == math.isnan(sim.sigmas[cid])
+    # A second simulation restored after round 1 repeats rounds 2-3 exactly.
+    again = Simulation(cfg, train, test, SerialExecutor())
+    again.restore(records[0].checkpoint)
+    redo = list(again.run())
+    assert [r.server_round for r in redo] == [2, 3]
+    for a, b in zip(records[1:], redo):
+        _assert_rows_equal([a.round_row], [b.round_row])
+        _assert_rows_equal(a.client_rows, b.client_rows)
+    assert torch.equal(sim.weights, again.weights)
+    _assert_state_equal(sim.server.state_dict(), again.server.state_dict())
+
+
+def test_full_participation_path_is_unchanged(data):
+    """k = N draws everyone every round: the same simulation as clients_per_round = None, bit for bit."""
+    train, test = data
+    sigma = {"privacy.epsilon": None, "privacy.noise_multiplier": 1.0, "rounds": 2}
+    none = list(Simulation(_quickstart("feddimdp", clients_per_round=None, **sigma), train, test, SerialExecutor()).run())
+    every = list(Simulation(_quickstart("feddimdp", clients_per_round=6, **sigma), train, test, SerialExecutor()).run())
+    for a, b in zip(none, every):
+        assert a.round_row["participants"] == b.round_row["participants"] == 6
+        _assert_rows_equal([a.round_row], [b.round_row])
+        _assert_rows_equal(a.client_rows, b.client_rows)
+
+
+def test_poisson_round_without_participants_and_the_tables(tmp_path):
+    # seed 14: the Poisson schedule (6 clients, rate 1/6) has an empty round 2 between non-empty rounds
+    cfg = _quickstart("feddimdp", participation="poisson", clients_per_round=1, seed=14)
+    schedule = participation_schedule(cfg)
+    sizes = [len(c) for c in schedule]
+    assert sizes[1] == 0 and sizes[0] > 0 and sizes[2] > 0, sizes
+    execute(cfg, str(tmp_path))
+    rounds = read_table(str(tmp_path), "rounds").sort_values("round")
+    clients = read_table(str(tmp_path), "clients").sort_values(["round", "client_id"])
+    runs = read_table(str(tmp_path), "runs")
+    assert list(rounds["participants"]) == sizes
+    for t, cohort in enumerate(schedule, start=1):
+        assert list(clients.loc[clients["round"] == t, "client_id"]) == list(cohort)
+    empty = rounds.iloc[1]
+    # the global model is unchanged in the empty round: the same test metrics as round 1; ε and C stay
+    assert empty["test_loss"] == rounds.iloc[0]["test_loss"] and math.isnan(empty["mean_train_loss"])
+    assert empty["epsilon"] == rounds.iloc[0]["epsilon"] and empty["clip_norm"] == rounds.iloc[0]["next_clip_norm"]
+    assert runs["status"].item() == "completed" and runs["epsilon"].item() <= 8.0 + 1e-9
+    assert runs["noise_multiplier"].item() == clients["noise_multiplier"].max()
+
+
+# --------------------------------------------------------------------------- server maths on toys
+
+def _ctx(cfg, num_clients):
+    return MethodContext(cfg, "per_sample", 2, ((0, 2),), np.full(num_clients, 100), np.full(num_clients, 4),
+                         np.zeros(num_clients))
+
+
+def _result(cid, delta, *, num_samples=100, state=None, uploads=None):
+    return ClientResult(cid, 1, num_samples, 2, torch.tensor(delta, dtype=torch.float32), 0.0, 0.0,
+                        uploads=dict(uploads or {}), client_state=state)
+
+
+def test_scaffold_control_uses_the_population_in_its_denominator():
+    cfg = config_from_dict({"method": "scaffold", "num_clients": 4, "clients_per_round": 2})
+    server = ScaffoldServer(_ctx(cfg, 4))
+    tasks = server.tasks(1, {}, [1, 3])
+    assert [t.client_id for t in tasks] == [1, 3]
+    results = [_result(1, [2.0, 0.0], state={"control": torch.tensor([4.0, 0.0])}),
+               _result(3, [0.0, -2.0], state={"control": torch.tensor([0.0, 8.0])})]
+    agg = server.aggregate(1, torch.zeros(2), results)
+    # x ← x + mean over the cohort S of Δy; c ← c + (1/N) Σ_{i∈S} Δc_i with N = 4, not |S| = 2
+    torch.testing.assert_close(agg.global_weights, torch.tensor([1.0, -1.0]))
+    torch.testing.assert_close(server.control, torch.tensor([1.0, 2.0]))
+    # c stays the mean of all four c_i (absent clients 0 and 2 still hold c_i = 0)
+    torch.testing.assert_close(server.control, torch.stack([torch.zeros(2), torch.tensor([4.0, 0.0]), torch.zeros(2),
+                                                            torch.tensor([0.0, 8.0])]).mean(0))
+
+
+def test_cra_emas_are_kept_for_absent_clients():
+    cfg = config_from_dict({"method": "feddimdp", "num_clients": 3, "clients_per_round": 2,
+                            "feddimdp": {"adpc": False}, "cra": {"beta": 0.5}})
+    server = FedDimDPServer(_ctx(cfg, 3))
+
+    def res(cid, q):
+        return _result(cid, [1.0, 0.0], uploads={"val_f1": q})
+
+    server.aggregate(1, torch.zeros(2), [res(0, 0.4), res(1, 0.8)])
+    np.testing.assert_array_equal(server.val_f1_ema, [0.4, 0.8, np.nan])
+    agg = server.aggregate(2, torch.zeros(2), [res(1, 0.2), res(2, 0.6)])
+    # client 0 absent: kept; client 1: 0.5·0.8 + 0.5·0.2; client 2 first report: its value
+    np.testing.assert_allclose(server.val_f1_ema, [0.4, 0.5, 0.6], rtol=0, atol=1e-15)
+    # weights over the two participants only; equal norms, so nominal α ∝ n·q̃: 0.5 : 0.6
+    np.testing.assert_allclose([r["nominal_weight"] for r in agg.client_logs], [0.5 / 1.1, 0.6 / 1.1], rtol=1e-12)
+    assert sum(r["aggregation_weight"] for r in agg.client_logs) == pytest.approx(1.0, abs=1e-12)
+
+
+def test_ema_initialises_nan_entries_at_the_value():
+    np.testing.assert_array_equal(ema(np.array([1.0, np.nan]), np.array([3.0, 5.0]), 0.5), [2.0, 5.0])
