@@ -27,8 +27,9 @@ run: install
 
 # Fast default suite (unit + single-process integration tests); `make test-cluster` runs the
 # multi-process Ray cluster and kill-and-resume tests, `make test-slow` the long accountant grids.
+# Two pytest workers (one per core here), whole files per worker so module fixtures are built once.
 test: install-dev
-	$(BIN)/python -m pytest -q -m "not slow and not cluster" --durations=15
+	$(BIN)/python -m pytest -q -m "not slow and not cluster" -n 2 --dist loadfile --durations=15
 
 test-cluster: install-dev
 	$(BIN)/python -m pytest -q -m "cluster and not slow"

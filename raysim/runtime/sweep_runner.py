@@ -26,6 +26,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from raysim.config import Config
 from raysim.config import run_id_for
 from raysim.runtime.driver import init_ray
+# Imported here, not where it is used: in a Ray job's entrypoint, a module first imported after
+# ray.init() is not found in the job's working_dir (measured with `ray job submit --working-dir .`).
+from raysim.runtime.pool import ActorPool
 from raysim.runtime.ray_executor import actor_count, cpus_per_actor
 
 __all__ = ["RunOutcome", "SweepListener", "run_sweep", "size_run"]
@@ -150,7 +153,6 @@ def run_sweep(configs: Sequence[Config], results_dir: str, sweep_id: str, *, run
     warned = False
     pool = None
     if reuse_actors and any(plan.bundles for plan in plans):
-        from raysim.runtime.pool import ActorPool
         pool = ActorPool.options(scheduling_strategy=pin).remote()
 
     def launch(plan: _Planned, pg: Any) -> None:
