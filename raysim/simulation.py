@@ -177,11 +177,12 @@ class Simulation:
         self.model = model_for(cfg, train.info, self.spec.lldm(cfg))
         init_parameters(self.model, torch_generator(cfg.seed, "model-init"))
         self.info = test.info
-        self.test_x = to_float_tensor(test.x, test.info)
-        self.test_y = torch.from_numpy(test.y.astype(np.int64))
-        if cfg.data.test_subsample is not None and cfg.data.test_subsample < len(self.test_y):
-            keep = np.sort(np_generator(cfg.seed, "test-subsample").choice(len(self.test_y), cfg.data.test_subsample, replace=False))
-            self.test_x, self.test_y = self.test_x[keep], self.test_y[keep]
+        test_x, test_y = test.x, test.y
+        if cfg.data.test_subsample is not None and cfg.data.test_subsample < len(test_y):
+            keep = np.sort(np_generator(cfg.seed, "test-subsample").choice(len(test_y), cfg.data.test_subsample, replace=False))
+            test_x, test_y = test_x[keep], test_y[keep]   # before the float copy (4× the uint8 split), not after
+        self.test_x = to_float_tensor(test_x, test.info)
+        self.test_y = torch.from_numpy(test_y.astype(np.int64))
         with torch.no_grad():
             self.weights = parameters_to_vector(self.model.parameters()).detach().clone()
         held, _ = server_holdout(cfg, len(train.y))
