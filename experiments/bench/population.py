@@ -171,7 +171,8 @@ def main() -> None:
     if args.child:
         print("RESULT " + json.dumps(child(args)), flush=True)
         return
-    rows = []
+    rows: list[dict] = []
+    failed: list[str] = []
     for method in args.methods:
         for n in args.sizes:
             cmd = [sys.executable, os.path.abspath(__file__), "--child", "--method", method, "--num-clients", str(n),
@@ -180,15 +181,22 @@ def main() -> None:
                    "--min-samples", str(args.min_samples)]
             if args.data_root:
                 cmd += ["--data-root", args.data_root]
-            done = subprocess.run(cmd, capture_output=True, text=True)
-            result = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-            if done.returncode != 0 or not result:
-                sys.exit(f"{method} N={n} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-            rows.append(json.loads(result[-1][len("RESULT "):]))
-            print(f"done: {method} N={n}", file=sys.stderr, flush=True)
+            for attempt in (1, 2):   # a busy machine can time out a local Ray's start; that is no result
+                done = subprocess.run(cmd, capture_output=True, text=True)
+                result = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+                if done.returncode == 0 and result:
+                    rows.append(json.loads(result[-1][len("RESULT "):]))
+                    print(f"done: {method} N={n}: {result[-1]}", file=sys.stderr, flush=True)
+                    break
+                print(f"{method} N={n} failed (exit {done.returncode}, attempt {attempt}):\n{done.stderr[-3000:]}",
+                      file=sys.stderr, flush=True)
+            else:
+                failed.append(f"{method} N={n}")
     print(table(rows))
     if args.json:
         print(json.dumps(rows, indent=1))
+    if failed:
+        sys.exit(f"failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":
