@@ -14,6 +14,7 @@ from raysim.data import DATASETS, load_dataset
 from raysim.results import ResultsSink
 from raysim.results.rows import now, run_row
 from raysim.simulation import RoundRecord, SetupRecord
+from raysim.state_store import delete_files
 
 
 def check_config(cfg: Config) -> None:
@@ -52,10 +53,10 @@ class Backend(Protocol):
     in a driver actor on Ray (``raysim.runtime.driver.RayBackend``); ``raysim.runtime.backend_for``
     picks one from ``runtime.executor``. Nothing here imports the runtime."""
 
-    def start(self, cfg: Config, train: Any, test: Any, resume: bytes | None = None
-              ) -> tuple[SetupRecord, Iterator[RoundRecord], dict[str, Any]]:
-        """Set the run up (from the checkpoint ``resume`` if given); returns its setup, the stream of
-        round records still to run and extra runs-row fields."""
+    def start(self, cfg: Config, train: Any, test: Any, resume: bytes | None = None,
+              state_dir: str | None = None) -> tuple[SetupRecord, Iterator[RoundRecord], dict[str, Any]]:
+        """Set the run up (from the checkpoint ``resume`` if given; large client states spill to
+        ``state_dir``); returns its setup, the stream of round records still to run and extra runs-row fields."""
         ...
 
 
@@ -97,7 +98,8 @@ def run_experiment(cfg: Config, results_dir: str, backend: Backend, *, sweep_id:
     t0 = time.perf_counter() - float(row.get("wall_seconds") or 0.0)
     records: Any = None
     try:
-        setup, records, placement = backend.start(cfg, train, test, resume=blob)
+        state_dir = sink.client_state_dir(run_id)
+        setup, records, placement = backend.start(cfg, train, test, resume=blob, state_dir=state_dir)
         row.update(placement)
         row.update(clipping=setup.clipping, noise_multiplier=_finite_or_none(setup.max_noise_multiplier),
                    startup_seconds=setup.startup_seconds,
@@ -118,6 +120,7 @@ def run_experiment(cfg: Config, results_dir: str, backend: Backend, *, sweep_id:
             sink.write_run(row)
             if rec.checkpoint is not None:   # after the round's rows: a crash in between redoes the round
                 sink.write_checkpoint(run_id, rec.checkpoint)
+                delete_files(state_dir, rec.released_state_files)   # named by no checkpoint from now on
             if on_round:
                 on_round(rec)
     except BaseException as exc:

@@ -3,6 +3,11 @@
 ``Simulation`` owns the server side of a run: partitions, privacy plan, global model, the
 method's server strategy and the per-client privacy ledgers. It yields one record per round;
 whoever drives it (the CLI in-process, or the driver actor on Ray) writes the records.
+
+Populations: what the server keeps per client is small (shard indices, σ_i and ε_i, a privacy ledger
+created when the client first trains), model-sized client state goes to a
+:class:`~raysim.state_store.ClientStateStore` that spills it to files, and a round touches only its
+participants, so memory and round time do not grow with the number of clients that never train.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from raysim.participation import is_full, participation_schedule, rounds_by_clie
 from raysim.privacy.plan import (ParticipationPlan, accounting_factor, not_covered, plan_noise, resolve_clipping,
                                  round_events, side_channels)
 from raysim.rng import np_generator, torch_generator
+from raysim.state_store import ClientStateStore
 from raysim.training import sample_rate, steps_per_epoch
 from raysim.messages import ClientData, ClientResult, ClientTask, RoundPayload
 
@@ -79,6 +85,8 @@ class RoundRecord:
     round_row: dict[str, Any]
     client_rows: list[dict[str, Any]] = field(default_factory=list)
     checkpoint: bytes | None = None    # the state after this round (runtime.checkpoint_every), pickled
+    # Client state files no later checkpoint names: delete them once ``checkpoint`` is durable.
+    released_state_files: list[str] = field(default_factory=list)
     max_noise_multiplier: float = math.nan   # the largest σ_i planned so far (the runs table's noise_multiplier)
 
 
@@ -121,8 +129,11 @@ class Simulation:
     """One run's server side. Iterate :meth:`run` to execute it round by round."""
 
     def __init__(self, cfg: Config, train: ArrayDataset, test: ArrayDataset, executor: Executor,
-                 train_handle: Any = None) -> None:
+                 train_handle: Any = None, state_dir: str | None = None) -> None:
+        """``state_dir``: where large client states are spilled (the results folder's
+        ``checkpoints/<run_id>/client_states``); None keeps them in memory."""
         started = time.perf_counter()
+        self.state_dir = state_dir
         torch.set_num_threads(cfg.runtime.torch_threads)
         cfg = resolve_preset(cfg)
         self.cfg = cfg
@@ -159,17 +170,21 @@ class Simulation:
             self.sigmas = np.full(cfg.num_clients, np.nan)   # shared with the server's context, filled in place
         self.factor = accounting_factor(self.clipping, self.spec.client.releases_for(cfg)) if self.clipping != "none" else 0.0
         self.channels = side_channels(self.spec, cfg)
-        self.ledgers = [PrivacyLedger(cfg.privacy.delta, cfg.privacy.accountant) for _ in self.clients]
+        # Ledgers of the clients that trained so far (created on first participation). Under partial
+        # participation they keep no incremental accountant state (~200 kB each with PLD), so the driver
+        # and its checkpoints hold a few hundred bytes per client that trained, nothing for the others.
+        self.ledgers: dict[int, PrivacyLedger] = {}
         # ε per client, updated only for the clients whose ledger changed in a round.
         self.epsilons = np.full(cfg.num_clients, 0.0 if self.clipping != "none" else math.inf)
         self.model = model_for(cfg, train.info, self.spec.lldm(cfg))
         init_parameters(self.model, torch_generator(cfg.seed, "model-init"))
         self.info = test.info
-        self.test_x = to_float_tensor(test.x, test.info)
-        self.test_y = torch.from_numpy(test.y.astype(np.int64))
-        if cfg.data.test_subsample is not None and cfg.data.test_subsample < len(self.test_y):
-            keep = np.sort(np_generator(cfg.seed, "test-subsample").choice(len(self.test_y), cfg.data.test_subsample, replace=False))
-            self.test_x, self.test_y = self.test_x[keep], self.test_y[keep]
+        test_x, test_y = test.x, test.y
+        if cfg.data.test_subsample is not None and cfg.data.test_subsample < len(test_y):
+            keep = np.sort(np_generator(cfg.seed, "test-subsample").choice(len(test_y), cfg.data.test_subsample, replace=False))
+            test_x, test_y = test_x[keep], test_y[keep]   # before the float copy (4× the uint8 split), not after
+        self.test_x = to_float_tensor(test_x, test.info)
+        self.test_y = torch.from_numpy(test_y.astype(np.int64))
         with torch.no_grad():
             self.weights = parameters_to_vector(self.model.parameters()).detach().clone()
         held, _ = server_holdout(cfg, len(train.y))
@@ -177,8 +192,9 @@ class Simulation:
         ctx = MethodContext(cfg, self.clipping, int(self.weights.numel()), layer_slices(self.model), n, self.steps,
                             self.sigmas, holdout_f1)
         self.server = self.spec.server(ctx)
-        self.client_states: dict[int, Any] = {}
+        self.client_states = ClientStateStore(self.state_dir, keep_released=bool(cfg.runtime.checkpoint_every))
         self.completed_rounds = 0
+        self.max_sigma = self._max_planned(self.sigmas)
         self.setup = SetupRecord(pd.concat(stats, ignore_index=True), count_parameters(self.model), self.clipping,
                                  [float(s) for s in self.sigmas], not_covered(self.spec, cfg, self.clipping))
 
@@ -190,6 +206,21 @@ class Simulation:
         for cid in client_ids:
             if math.isnan(self.sigmas[cid]):
                 self.sigmas[cid] = self.plan.sigma(int(cid))
+                self.max_sigma = self.sigmas[cid] if math.isnan(self.max_sigma) else max(self.max_sigma, self.sigmas[cid])
+
+    @staticmethod
+    def _max_planned(sigmas: np.ndarray) -> float:
+        planned = sigmas[~np.isnan(sigmas)]
+        return float(planned.max()) if planned.size else math.nan
+
+    def ledger(self, client_id: int) -> PrivacyLedger:
+        """Client ``client_id``'s ledger (an empty one, not kept, for a client that never trained)."""
+        found = self.ledgers.get(int(client_id))
+        return found if found is not None else self._new_ledger()
+
+    def _new_ledger(self) -> PrivacyLedger:
+        p = self.cfg.privacy
+        return PrivacyLedger(p.delta, p.accountant, incremental=self.full_participation)
 
     def _holdout_scorer(self, train: ArrayDataset, held: np.ndarray):
         """macro-F1 of flat weights on the public hold-out (post-processing of DP outputs on public data)."""
@@ -209,13 +240,14 @@ class Simulation:
             self.completed_rounds = t
             if every and (t % every == 0 or t == self.cfg.rounds):
                 record.checkpoint = pickle.dumps(self.state(), protocol=pickle.HIGHEST_PROTOCOL)
+                record.released_state_files = self.client_states.released()
             yield record
 
     def state(self) -> dict[str, Any]:
         """What a resumed run needs to continue bit for bit: every random stream is keyed by
         (seed, purpose, round, client), so no generator state is saved, only what was learned."""
         return {"completed_rounds": self.completed_rounds, "weights": self.weights.clone(),
-                "server": self.server.state_dict(), "client_states": dict(self.client_states),
+                "server": self.server.state_dict(), "client_state_manifest": self.client_states.manifest(),
                 "ledgers": self.ledgers, "epsilons": self.epsilons.copy(), "noise_multipliers": self.sigmas.copy(),
                 "sigma_memo": dict(self.plan.memo) if self.plan is not None else {}}
 
@@ -225,18 +257,28 @@ class Simulation:
         self.completed_rounds = int(state["completed_rounds"])
         self.weights = state["weights"]
         self.server.load_state_dict(state["server"])
-        self.client_states = dict(state["client_states"])
-        self.ledgers = list(state["ledgers"])
+        if "client_state_manifest" in state:
+            self.client_states.load(state["client_state_manifest"])
+        else:   # a checkpoint from before the state store: every state inline (large ones spill now)
+            for cid, client_state in state["client_states"].items():
+                self.client_states.put(cid, client_state, self.completed_rounds)
+            self.client_states.released()
+        ledgers = state["ledgers"]
+        if isinstance(ledgers, list):   # from before lazy ledgers: one per client, empty if it never trained
+            ledgers = {cid: led for cid, led in enumerate(ledgers) if led.events}
+        self.ledgers = dict(ledgers)
         # Checkpoints from before partial participation lack these: ε is recomputed from the ledgers, and σ
         # is re-planned on demand (a pure function of each client's key, so the same values).
         if "epsilons" in state:
             self.epsilons = np.array(state["epsilons"], dtype=np.float64)
-        elif self.clipping != "none":
-            self.epsilons = np.array(epsilon_many(self.ledgers), dtype=np.float64)
+        elif self.clipping != "none" and self.ledgers:
+            ids = sorted(self.ledgers)
+            self.epsilons[ids] = epsilon_many([self.ledgers[c] for c in ids])
         if "noise_multipliers" in state:
             self.sigmas[:] = state["noise_multipliers"]    # in place: the server's context holds this array
         if self.plan is not None:
             self.plan.memo.update(state.get("sigma_memo", {}))
+        self.max_sigma = self._max_planned(self.sigmas)
         self.setup.noise_multipliers = [float(s) for s in self.sigmas]
         self.setup.resumed_after = self.completed_rounds
 
@@ -262,7 +304,7 @@ class Simulation:
             raise TrainingDiverged(f"training diverged in round {t}: non-finite updates from clients {bad} "
                                    f"(clip norm {clip})")
         for r in results:
-            self.client_states[r.client_id] = r.client_state
+            self.client_states.put(r.client_id, r.client_state, t)
         # A round without participants (possible with participation=poisson) leaves the global model and
         # the server state as they are. Diagnostics are logged, never shown to the server.
         agg = (self.server.aggregate(t, self.weights, [dataclasses.replace(r, diagnostics={}) for r in results])
@@ -273,8 +315,11 @@ class Simulation:
         if self.clipping != "none" and tasks:
             for task in tasks:
                 cid = task.client_id
+                ledger = self.ledgers.get(cid)
+                if ledger is None:
+                    ledger = self.ledgers[cid] = self._new_ledger()
                 for ev in round_events(float(self.q[cid]), int(self.steps[cid]), task.noise_multiplier, self.factor, self.channels):
-                    self.ledgers[cid].record(ev)
+                    ledger.record(ev)
             # Only the participants' ledgers changed; everyone else keeps the ε of an earlier round.
             self.epsilons[participants] = epsilon_many([self.ledgers[cid] for cid in participants])
         t3 = time.perf_counter()
@@ -315,5 +360,4 @@ class Simulation:
 
     def planned_max_sigma(self) -> float:
         """The largest σ_i planned so far (NaN if none)."""
-        planned = self.sigmas[~np.isnan(self.sigmas)]
-        return float(planned.max()) if planned.size else math.nan
+        return float(self.max_sigma)

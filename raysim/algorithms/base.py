@@ -13,7 +13,7 @@ loop (``raysim.simulation``). It changes behaviour through small hooks:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -22,6 +22,12 @@ from raysim.algorithms import flat
 from raysim.algorithms.uploads import Upload
 from raysim.config import Config
 from raysim.messages import ClientResult, ClientTask, RoundPayload
+
+
+class ClientStates(Protocol):
+    """The server's per-client states (``raysim.state_store.ClientStateStore``): read per participant."""
+
+    def get(self, client_id: int, default: Any = None) -> dict[str, Any] | None: ...
 
 
 @dataclass(frozen=True)
@@ -91,7 +97,7 @@ class Server:
     def payload(self, server_round: int, global_weights: torch.Tensor) -> RoundPayload:
         return RoundPayload(server_round, global_weights, global_weights, {})
 
-    def tasks(self, server_round: int, client_states: dict[int, dict[str, Any] | None],
+    def tasks(self, server_round: int, client_states: ClientStates,
               participants: Sequence[int]) -> list[ClientTask]:
         """One task per participant of the round (sorted client ids; all clients under full participation)."""
         clip = self.clip_norm(server_round)

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import torch
 
-from raysim.algorithms.base import Aggregate, ClientHooks, MethodContext, MethodSpec, Server
+from raysim.algorithms.base import Aggregate, ClientHooks, ClientStates, MethodContext, MethodSpec, Server
 from raysim.algorithms.flat import flatten, split_like, sum64
 from raysim.algorithms.registry import register
 from raysim.algorithms.server_math import scaffold_control_update
@@ -56,12 +56,13 @@ class ScaffoldServer(Server):
     def __init__(self, ctx: MethodContext) -> None:
         super().__init__(ctx)
         self.control = torch.zeros(ctx.num_params, dtype=torch.float32)
-        self.sent: dict[int, torch.Tensor | None] = {}    # c_i each client started the round with
+        # c_i each participant started the round with; emptied by aggregate, so no checkpoint holds cohort states.
+        self.sent: dict[int, torch.Tensor | None] = {}
 
     def payload(self, server_round: int, global_weights: torch.Tensor) -> RoundPayload:
         return RoundPayload(server_round, global_weights, global_weights, {CONTROL: self.control})
 
-    def tasks(self, server_round: int, client_states: dict[int, dict[str, Any] | None],
+    def tasks(self, server_round: int, client_states: ClientStates,
               participants: Sequence[int]) -> list[ClientTask]:
         tasks = super().tasks(server_round, client_states, participants)
         self.sent = {t.client_id: (t.client_state or {}).get(CONTROL) for t in tasks}
@@ -81,6 +82,7 @@ class ScaffoldServer(Server):
         mean_control = sum64(control_deltas)
         self.control = (self.control.double() + (mean_control if share == 1.0 else share * mean_control)
                         ).to(self.control.dtype)
+        self.sent = {}
         logs = [{"aggregation_weight": 1.0 / len(results)} for _ in results]
         return Aggregate((global_weights.double() + step).to(global_weights.dtype), logs, {})
 

@@ -36,10 +36,11 @@ class ResultsSink:
     """Writes result rows under ``root`` (a path or a filesystem URI)."""
 
     def __init__(self, root: str) -> None:
+        self.uri = str(root)
         self.fs, self.root = pafs.FileSystem.from_uri(root) if "://" in str(root) else (pafs.LocalFileSystem(), str(root))
         if isinstance(self.fs, pafs.LocalFileSystem):
             import os
-            self.root = os.path.abspath(self.root)
+            self.root = self.uri = os.path.abspath(self.root)
         for name in SCHEMAS:
             self.fs.create_dir(posixpath.join(self.root, name), recursive=True)
 
@@ -93,9 +94,14 @@ class ResultsSink:
         return pa.concat_tables([pq.read_table(p, filesystem=self.fs, schema=SCHEMAS["rounds"])
                                  for p in sorted(paths)]).to_pandas()
 
-    # --- checkpoints: <root>/checkpoints/<run_id>/state.pkl, atomic (write, then rename), latest only
+    # --- checkpoints: <root>/checkpoints/<run_id>/state.pkl, atomic (write, then rename), latest only;
+    # large client states (raysim.state_store) live next to it in client_states/, named by the checkpoint
     def _checkpoint_path(self, run_id: str) -> str:
         return posixpath.join(self.root, "checkpoints", run_id, "state.pkl")
+
+    def client_state_dir(self, run_id: str) -> str:
+        """Where a run spills its clients' states (a path, or a URI like the results folder's)."""
+        return posixpath.join(self.uri, "checkpoints", run_id, "client_states")
 
     def write_checkpoint(self, run_id: str, blob: bytes) -> None:
         path = self._checkpoint_path(run_id)
@@ -113,9 +119,10 @@ class ResultsSink:
             return f.read()
 
     def delete_checkpoint(self, run_id: str) -> None:
-        path = self._checkpoint_path(run_id)
-        if self.fs.get_file_info(path).type != pafs.FileType.NotFound:
-            self.fs.delete_file(path)
+        """Delete a run's checkpoint and its client state files."""
+        folder = posixpath.dirname(self._checkpoint_path(run_id))
+        if self.fs.get_file_info(folder).type != pafs.FileType.NotFound:
+            self.fs.delete_dir(folder)
 
     def clear_run(self, run_id: str) -> None:
         """Delete a run's round, client and partition files (before it is redone from scratch)."""

@@ -27,9 +27,10 @@ class DriverActor:
         self.sim: Simulation | None = None
 
     def open(self, cfg: Config, train_ref: list, test_ref: list, placement_group: Any = None,
-             resume: bytes | None = None, actors: list | None = None) -> SetupRecord:
+             resume: bytes | None = None, actors: list | None = None, state_dir: str | None = None) -> SetupRecord:
         self.executor = RayExecutor(placement_group, actors or ())
-        self.sim = Simulation(cfg, ray.get(train_ref[0]), ray.get(test_ref[0]), self.executor, train_handle=train_ref)
+        self.sim = Simulation(cfg, ray.get(train_ref[0]), ray.get(test_ref[0]), self.executor, train_handle=train_ref,
+                              state_dir=state_dir)
         if resume is not None:
             self.sim.restore(resume)
         return self.sim.setup
@@ -80,9 +81,11 @@ def _pinned_options(placement_group: Any) -> dict[str, Any]:
 
 
 def ray_rounds(cfg: Config, train: Any, test: Any, placement_group: Any = None, resume: bytes | None = None,
-               pool: Any = None) -> tuple[SetupRecord, Iterator[RoundRecord], Any, bool]:
+               pool: Any = None, state_dir: str | None = None) -> tuple[SetupRecord, Iterator[RoundRecord], Any, bool]:
     """Start (or borrow from ``pool``) a driver actor and client actors for one run; returns its
-    setup, the round stream, the driver actor, and whether the actors were warm (from the pool)."""
+    setup, the round stream, the driver actor, and whether the actors were warm (from the pool).
+    ``state_dir`` (where the driver actor spills client states) must be reachable from the driver
+    actor's node: shared storage or a URI on a multi-node cluster, like the results folder."""
     test_ref = [ray.put(test)]
     if pool is not None:
         train_ref = ray.get(pool.data.remote(cfg, None if ray.get(pool.has_data.remote(cfg)) else [ray.put(train)]))
@@ -93,7 +96,7 @@ def ray_rounds(cfg: Config, train: Any, test: Any, placement_group: Any = None, 
         actors = start_client_actors(cfg, train_ref, placement_group)
         driver = DriverActor.options(**_pinned_options(placement_group)).remote()
     try:
-        setup = ray.get(driver.open.remote(cfg, train_ref, test_ref, placement_group, resume, actors))
+        setup = ray.get(driver.open.remote(cfg, train_ref, test_ref, placement_group, resume, actors, state_dir))
     except BaseException:
         _end(driver, pool, actors, ok=False)
         raise
@@ -170,8 +173,9 @@ class RayBackend:
         self.placement_group = placement_group
         self.pool = pool
 
-    def start(self, cfg: Config, train: Any, test: Any, resume: bytes | None = None
-              ) -> tuple[SetupRecord, Iterator[RoundRecord], dict[str, Any]]:
+    def start(self, cfg: Config, train: Any, test: Any, resume: bytes | None = None,
+              state_dir: str | None = None) -> tuple[SetupRecord, Iterator[RoundRecord], dict[str, Any]]:
         init_ray(self.address)
-        setup, records, driver, warm = ray_rounds(cfg, train, test, self.placement_group, resume, self.pool)
+        setup, records, driver, warm = ray_rounds(cfg, train, test, self.placement_group, resume, self.pool,
+                                                  state_dir)
         return setup, records, {**run_placement(driver), "warm_actors": warm}

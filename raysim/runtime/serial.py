@@ -39,9 +39,9 @@ class SerialExecutor:
 class SerialBackend:
     """Runs the whole simulation in this process, clients one after another (no Ray)."""
 
-    def start(self, cfg: Config, train: Any, test: Any, resume: bytes | None = None
-              ) -> tuple[SetupRecord, Iterator[RoundRecord], dict[str, Any]]:
-        sim = Simulation(cfg, train, test, SerialExecutor())
+    def start(self, cfg: Config, train: Any, test: Any, resume: bytes | None = None,
+              state_dir: str | None = None) -> tuple[SetupRecord, Iterator[RoundRecord], dict[str, Any]]:
+        sim = Simulation(cfg, train, test, SerialExecutor(), state_dir=state_dir)
         if resume is not None:
             sim.restore(resume)
         return sim.setup, sim.run(), {}
