@@ -51,8 +51,8 @@ def one_sweep(sweep, reuse: bool, folder: str) -> dict:
     cold_o = [o for o, w in zip(overhead, warm) if not w]
     warm_o = [o for o, w in zip(overhead, warm) if w]
     return {"runs": len(runs), "round_s": float(per_run.sum()), "wall_s": wall, "ratio": wall / float(per_run.sum()),
-            "overhead_cold_s": statistics.mean(cold_o) if cold_o else float("nan"),
-            "overhead_warm_s": statistics.mean(warm_o) if warm_o else float("nan"), "cold_runs": len(cold_o),
+            "overhead_cold_s": statistics.mean(cold_o) if cold_o else None,
+            "overhead_warm_s": statistics.mean(warm_o) if warm_o else None, "cold_runs": len(cold_o),
             "warm_runs": len(warm_o), "startup_s": [float(s) for s in runs["startup_seconds"]], "warm_actors": warm}
 
 
@@ -70,7 +70,8 @@ def main() -> None:
             for name, reuse in (("pool off", False), ("pool on", True)):
                 arms[name].append(one_sweep(sweep, reuse, os.path.join(tmp, f"{name.replace(' ', '-')}-{rep}")))
     keys = ("round_s", "wall_s", "ratio", "overhead_cold_s", "overhead_warm_s", "cold_runs", "warm_runs")
-    summary = {name: {k: statistics.mean(r[k] for r in results) for k in keys}
+    summary = {name: {k: (statistics.mean(r[k] for r in results) if all(r[k] is not None for r in results) else None)
+                      for k in keys}
                | {"runs": results[0]["runs"], "warm_actors": results[-1]["warm_actors"]}
                for name, results in arms.items()}
     result = {"sweep": args.sweep, "cpus": os.cpu_count(), "repeats": args.repeats, "arms": summary}
@@ -83,8 +84,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for name, r in summary.items():
         warm = f"{r['overhead_warm_s']:.2f} ({r['warm_runs']:.0f} runs)" if r["warm_runs"] else "—"
-        print(f"| {name} | {r['round_s']:.2f} | {r['wall_s']:.2f} | {r['ratio']:.2f} | "
-              f"{r['overhead_cold_s']:.2f} ({r['cold_runs']:.0f} runs) | {warm} |")
+        cold = f"{r['overhead_cold_s']:.2f} ({r['cold_runs']:.0f} runs)" if r["cold_runs"] else "—"
+        print(f"| {name} | {r['round_s']:.2f} | {r['wall_s']:.2f} | {r['ratio']:.2f} | {cold} | {warm} |")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ The pool has ``runtime.num_actors`` actors (default: as many as run at once on t
 most one per client). Every actor can train every client: the run's train arrays are put into
 the object store once, so each node holds one copy that its actors read without copying, and a
 task names its client's shard (indices), from which the actor builds that client's tensors for
-the task. Each round the payload (global model, broadcast state) is ``ray.put`` once; tasks go
-to whichever actor is free, largest client first, so uneven shards do not leave cores idle.
+the task. Each round the payload (global model, broadcast state) is ``ray.put`` once; the round's clients
+are balanced over as many actors per node as the run holds CPUs there, largest shard first, and
+each of those actors trains its share in one task.
 
 Actors restart on failure (``max_restarts``) and Ray retries their in-flight tasks
 (``max_task_retries``); because client state lives on the server and every random stream is
@@ -23,7 +24,6 @@ import math
 import os
 import time
 import uuid
-from collections import deque
 from typing import Any, Sequence
 
 import ray
@@ -72,6 +72,11 @@ class ClientActor:
         runner = self._runner(setup)
         self.trained.add(task.client_id)
         return runner.train(payload, task, client)
+
+    def train_many(self, payload: RoundPayload, tasks: list[ClientTask], clients: list[ClientData],
+                   setup: tuple[str, Config, str]) -> list[ClientResult]:
+        """Several clients of one round, one after another (one Ray task for an actor's share)."""
+        return [self.train(payload, t, c, setup) for t, c in zip(tasks, clients)]
 
     def evaluate(self, weights: Any, test: tuple, setup: tuple[str, Config, str]) -> Any:
         return self._runner(setup).evaluate(weights, *test)
@@ -132,9 +137,6 @@ class RayExecutor:
     """Executor over a pool of Ray actors; ``placement_group`` (optional) co-locates a run's actors,
     ``actors`` (optional) are actors already started on the same data (a sweep's warm pool)."""
 
-    #: Tasks in flight per actor: the second is queued on the actor, so it never waits for the driver.
-    DEPTH = 2
-
     def __init__(self, placement_group: Any = None, actors: Sequence[Any] = ()) -> None:
         self.actors: list[Any] = list(actors)
         self.placement_group = placement_group
@@ -151,6 +153,9 @@ class RayExecutor:
         # arguments, and the train arrays must still exist in the object store then.
         self.train_ref = train_ref
         self.setup_ref = ray.put((uuid.uuid4().hex, cfg, clipping))
+        self._active: list[Any] | None = None
+        self.gpu = cfg.runtime.num_gpus_per_client > 0
+        self.cpus = cpus_per_actor(cfg, len(self.actors) or actor_count(cfg))
         self.eval_on = eval_where(cfg)
         self._test: tuple[int, Any] | None = None
         if not self.actors:
@@ -166,28 +171,43 @@ class RayExecutor:
 
     def run_round(self, payload: RoundPayload, tasks: Sequence[ClientTask],
                   clients: Sequence[ClientData]) -> list[ClientResult]:
-        """Train ``tasks`` (``clients[j]`` is the shard of ``tasks[j]``); results sorted by client id."""
+        """Train ``tasks`` (``clients[j]`` is the shard of ``tasks[j]``); results sorted by client id.
+
+        The round's clients are split over the *active* actors (:meth:`active_actors`: as many per
+        node as the CPUs the run's actors hold there), largest shard first onto the least loaded
+        actor, and each active actor gets its whole share in one call. More CPU-bound processes
+        than cores only time-slice them, and one call per actor pays Ray's per-task cost once."""
         self.ready()
         payload_ref = ray.put(payload)
-        queue = deque(sorted(range(len(tasks)), key=lambda j: (-len(clients[j].train_indices), j)))
-        running: dict[Any, int] = {}
-        results: list[ClientResult] = []
-
-        def submit(k: int) -> None:
-            j = queue.popleft()
-            running[self.actors[k].train.remote(payload_ref, tasks[j], clients[j], self.setup_ref)] = k
-
-        for _ in range(self.DEPTH):
-            for k in range(len(self.actors)):
-                if queue:
-                    submit(k)
-        while running:
-            done, _ = ray.wait(list(running), num_returns=1)
-            k = running.pop(done[0])
-            results.append(ray.get(done[0]))
-            if queue:
-                submit(k)
+        active = self.active_actors()
+        shares: list[list[int]] = [[] for _ in active]
+        load = [0.0] * len(active)
+        for j in sorted(range(len(tasks)), key=lambda j: (-len(clients[j].train_indices), j)):
+            k = min(range(len(active)), key=lambda a: (load[a], a))
+            shares[k].append(j)
+            load[k] += len(clients[j].train_indices) + self.FIXED_COST
+        refs = [active[k].train_many.remote(payload_ref, [tasks[j] for j in share], [clients[j] for j in share],
+                                            self.setup_ref) for k, share in enumerate(shares) if share]
+        results = [r for batch in ray.get(refs) for r in batch]
         return sorted(results, key=lambda r: r.client_id)
+
+    #: Shard-size units added per client when balancing (one batch: a client's fixed cost per round).
+    FIXED_COST = 64
+
+    def active_actors(self) -> list[Any]:
+        """The actors a round uses: on each node, as many as the CPUs the run's actors hold there
+        (at least one); all of them when clients have GPU shares."""
+        if self._active is None:
+            if self.gpu:
+                self._active = list(self.actors)
+            else:
+                where = ray.get([a.where.remote() for a in self.actors])
+                by_node: dict[str, list[int]] = {}
+                for k, w in enumerate(where):
+                    by_node.setdefault(w["node_id"], []).append(k)
+                self._active = [self.actors[k] for ks in by_node.values()
+                                for k in ks[:max(1, math.floor(len(ks) * self.cpus + 1e-6))]]
+        return self._active
 
     def evaluate(self, weights: Any, x: Any, y: Any, num_classes: int) -> Any:
         """With ``runtime.eval_on=actor``, the first actor evaluates (the test set is put once per run);
