@@ -93,7 +93,7 @@ def ray_rounds(cfg: Config, train: Any, test: Any, placement_group: Any = None, 
     else:
         train_ref, warm = [ray.put(train)], False
         # Client actors first: they import torch while the driver actor starts.
-        actors = start_client_actors(cfg, train_ref, placement_group)
+        actors = start_client_actors(cfg, placement_group)
         driver = DriverActor.options(**_pinned_options(placement_group)).remote()
     try:
         setup = ray.get(driver.open.remote(cfg, train_ref, test_ref, placement_group, resume, actors, state_dir))

@@ -71,7 +71,7 @@ class ActorPool:
                 return driver, actors, True
         self._evict_other_kinds(key)
         self.created += 1
-        actors = start_client_actors(cfg, self.train[key], restarts=False)
+        actors = start_client_actors(cfg, restarts=False)
         driver = driver_class.remote()
         self.starting.append([a.ready.remote() for a in actors])
         self.kind[driver] = key

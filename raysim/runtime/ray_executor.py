@@ -37,18 +37,19 @@ from raysim.messages import ClientData, ClientResult, ClientTask, RoundPayload
 class ClientActor:
     """Hosts one :class:`ClientRunner`; trains whichever client a task names.
 
-    Every task carries its run's setup ``(token, cfg, clipping)`` (one object per run): the actor
-    (re)configures its runner whenever the token changes, so a warm actor lent to the next run of
-    a sweep, or an actor Ray restarted mid-run, always trains with the run's own configuration.
+    Every task carries its run's setup ``(token, cfg, clipping, [train arrays ref])`` (one object
+    per run): the actor (re)configures its runner whenever the token changes, so a warm actor lent
+    to the next run of a sweep, or an actor Ray restarted mid-run, always trains with the run's
+    own configuration and data.
     """
 
-    def __init__(self, train_ref: list, gpu_memory_fraction: float | None = None) -> None:
+    def __init__(self, gpu_memory_fraction: float | None = None) -> None:
         if gpu_memory_fraction is not None:
             import torch
             if torch.cuda.is_available():
                 # Fractional num_gpus only limits scheduling; cap this process's CUDA memory explicitly.
                 torch.cuda.set_per_process_memory_fraction(gpu_memory_fraction)
-        self.train_data = ray.get(train_ref[0])
+        self.train_ref: Any = None
         self.runner: ClientRunner | None = None
         self.token: str | None = None
         self.trained: set[int] = set()
@@ -56,29 +57,33 @@ class ClientActor:
     def ready(self) -> bool:
         return True
 
-    def _runner(self, setup: tuple[str, Config, str]) -> ClientRunner:
-        token, cfg, clipping = setup
-        if token != self.token or self.runner is None:
-            if self.runner is None:
-                self.runner = ClientRunner(cfg, clipping, self.train_data)
-            else:
-                self.runner.configure(cfg, clipping)
+    def _runner(self, setup: tuple[str, Config, str, list]) -> ClientRunner:
+        token, cfg, clipping, train_ref = setup
+        if self.runner is None or train_ref[0] != self.train_ref:
+            # The train arrays travel as a reference inside each run's setup, not as a constructor
+            # argument: an actor that Ray restarts fetches them again at its next task.
+            self.train_ref = train_ref[0]
+            self.runner = ClientRunner(cfg, clipping, ray.get(train_ref[0]))
+            self.token = token
+            self.trained = set()
+        elif token != self.token:
+            self.runner.configure(cfg, clipping)
             self.token = token
             self.trained = set()
         return self.runner
 
     def train(self, payload: RoundPayload, task: ClientTask, client: ClientData,
-              setup: tuple[str, Config, str]) -> ClientResult:
+              setup: tuple[str, Config, str, list]) -> ClientResult:
         runner = self._runner(setup)
         self.trained.add(task.client_id)
         return runner.train(payload, task, client)
 
     def train_many(self, payload: RoundPayload, tasks: list[ClientTask], clients: list[ClientData],
-                   setup: tuple[str, Config, str]) -> list[ClientResult]:
+                   setup: tuple[str, Config, str, list]) -> list[ClientResult]:
         """Several clients of one round, one after another (one Ray task for an actor's share)."""
         return [self.train(payload, t, c, setup) for t, c in zip(tasks, clients)]
 
-    def evaluate(self, weights: Any, test: tuple, setup: tuple[str, Config, str]) -> Any:
+    def evaluate(self, weights: Any, test: tuple, setup: tuple[str, Config, str, list]) -> Any:
         return self._runner(setup).evaluate(weights, *test)
 
     def modules(self) -> list[str]:
@@ -114,7 +119,7 @@ def cpus_per_actor(cfg: Config, num_actors: int) -> float:
     return max(0.01, math.floor(min(1.0, total / num_actors) * 1e4) / 1e4)
 
 
-def start_client_actors(cfg: Config, train_ref: list, placement_group: Any = None, restarts: bool = True) -> list[Any]:
+def start_client_actors(cfg: Config, placement_group: Any = None, restarts: bool = True) -> list[Any]:
     """Request the run's pool of client actors (:func:`actor_count` of them); returns at once.
 
     ``restarts=False`` (a sweep's warm pool) creates actors that Ray does not restart: a restarted
@@ -130,7 +135,7 @@ def start_client_actors(cfg: Config, train_ref: list, placement_group: Any = Non
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(placement_group)
     fraction = cfg.runtime.gpu_memory_fraction if cfg.runtime.num_gpus_per_client > 0 else None
-    return [ClientActor.options(**options).remote(train_ref, fraction) for _ in range(num_actors)]
+    return [ClientActor.options(**options).remote(fraction) for _ in range(num_actors)]
 
 
 class RayExecutor:
@@ -149,17 +154,17 @@ class RayExecutor:
         the server plans the run."""
         self._t0 = time.perf_counter()
         train_ref = train if isinstance(train, list) else [ray.put(train)]
-        # Held for the executor's lifetime: a restarted actor re-runs __init__ with these same
-        # arguments, and the train arrays must still exist in the object store then.
+        # Held for the executor's lifetime: an actor Ray restarts fetches the arrays again through the
+        # setup of its next task, so they must still exist in the object store then.
         self.train_ref = train_ref
-        self.setup_ref = ray.put((uuid.uuid4().hex, cfg, clipping))
+        self.setup_ref = ray.put((uuid.uuid4().hex, cfg, clipping, train_ref))
         self._active: list[Any] | None = None
         self.gpu = cfg.runtime.num_gpus_per_client > 0
         self.cpus = cpus_per_actor(cfg, len(self.actors) or actor_count(cfg))
         self.eval_on = eval_where(cfg)
         self._test: tuple[int, Any] | None = None
         if not self.actors:
-            self.actors = start_client_actors(cfg, train_ref, self.placement_group)
+            self.actors = start_client_actors(cfg, self.placement_group)
             self._pending = [a.ready.remote() for a in self.actors]
 
     def ready(self) -> None:

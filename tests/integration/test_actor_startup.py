@@ -22,14 +22,15 @@ def test_client_actor_import_path(ray_session):
 
     cfg = config_from_dict({"method": "fedsa", "num_clients": 2, "privacy": {"noise_multiplier": 1.0}})
     train = load_dataset("digits", "train", None)
-    actor = ClientActor.remote([ray_session.put(train)])
+    actor = ClientActor.remote()
+    train_ref = [ray_session.put(train)]
     try:
         # Train one client first: the import path is what a round needs, not just the constructor.
         from raysim.models import model_for
         weights = torch.nn.utils.parameters_to_vector(model_for(cfg, train.info, False).parameters()).detach()
         shard = ClientData(0, np.arange(64), np.arange(64, 70))
         result = ray_session.get(actor.train.remote(RoundPayload(1, weights, weights), ClientTask(0, 1, 1.0, 1.0), shard,
-                                                    ("run-a", cfg, "per_sample")))
+                                                    ("run-a", cfg, "per_sample", train_ref)))
         assert result.client_id == 0 and result.num_samples == 64
         loaded = set(ray_session.get(actor.modules.remote()))
     finally:
