@@ -201,7 +201,8 @@ class RayExecutor:
 
     def active_actors(self) -> list[Any]:
         """The actors a round uses: on each node, as many as the CPUs the run's actors hold there
-        (at least one); all of them when clients have GPU shares."""
+        (at least one; shares are rounded down to 4 decimals, so 3 × 0.6666 counts as 2); all of
+        them when clients have GPU shares."""
         if self._active is None:
             if self.gpu:
                 self._active = list(self.actors)
@@ -211,7 +212,7 @@ class RayExecutor:
                 for k, w in enumerate(where):
                     by_node.setdefault(w["node_id"], []).append(k)
                 self._active = [self.actors[k] for ks in by_node.values()
-                                for k in ks[:max(1, math.floor(len(ks) * self.cpus + 1e-6))]]
+                                for k in ks[:max(1, math.floor(len(ks) * self.cpus + 0.05))]]
         return self._active
 
     def evaluate(self, weights: Any, x: Any, y: Any, num_classes: int) -> Any:
