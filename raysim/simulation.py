@@ -283,7 +283,6 @@ class Simulation:
         self.setup.resumed_after = self.completed_rounds
 
     def round(self, t: int) -> RoundRecord:
-        cfg = self.cfg
         t0 = time.perf_counter()
         participants = [int(c) for c in self.schedule[t - 1]]
         self.plan_clients(participants)
