@@ -49,7 +49,10 @@ class Sweep:
 def run_label(cfg: Config) -> str:
     """Short human label of a run: what the grid usually varies."""
     alpha = f" α={cfg.data.alpha:g}" if cfg.data.partition == "dirichlet" else f" {cfg.data.partition}"
-    return f"{cfg.method} {cfg.data.name}{alpha} seed={cfg.seed}"
+    cohort = (f" {cfg.clients_per_round}/{cfg.num_clients} {cfg.participation}"
+              if cfg.clients_per_round is not None else "")
+    model = f" {cfg.model}" if cfg.model != "cnn" else ""
+    return f"{cfg.method} {cfg.data.name}{alpha}{cohort}{model} seed={cfg.seed}"
 
 
 def sweep_id_for(name: str, run_ids: Sequence[str]) -> str:
