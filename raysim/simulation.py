@@ -60,6 +60,12 @@ class Executor(Protocol):
     def shutdown(self) -> None: ...
 
 
+def max_planned(sigmas: np.ndarray) -> float:
+    """The largest σ_i that is planned (not NaN), or NaN when none is."""
+    planned = sigmas[~np.isnan(sigmas)]
+    return float(planned.max()) if planned.size else math.nan
+
+
 @dataclass
 class SetupRecord:
     """Facts fixed before round 1."""
@@ -75,8 +81,7 @@ class SetupRecord:
     @property
     def max_noise_multiplier(self) -> float:
         """The largest σ_i planned so far (NaN when none is: partial participation before round 1)."""
-        planned = [s for s in self.noise_multipliers if not math.isnan(s)]
-        return max(planned) if planned else math.nan
+        return max_planned(np.asarray(self.noise_multipliers, dtype=np.float64))
 
 
 @dataclass
@@ -194,7 +199,7 @@ class Simulation:
         self.server = self.spec.server(ctx)
         self.client_states = ClientStateStore(self.state_dir, keep_released=bool(cfg.runtime.checkpoint_every))
         self.completed_rounds = 0
-        self.max_sigma = self._max_planned(self.sigmas)
+        self.max_sigma = max_planned(self.sigmas)
         self.setup = SetupRecord(pd.concat(stats, ignore_index=True), count_parameters(self.model), self.clipping,
                                  [float(s) for s in self.sigmas], not_covered(self.spec, cfg, self.clipping))
 
@@ -207,11 +212,6 @@ class Simulation:
             if math.isnan(self.sigmas[cid]):
                 self.sigmas[cid] = self.plan.sigma(int(cid))
                 self.max_sigma = self.sigmas[cid] if math.isnan(self.max_sigma) else max(self.max_sigma, self.sigmas[cid])
-
-    @staticmethod
-    def _max_planned(sigmas: np.ndarray) -> float:
-        planned = sigmas[~np.isnan(sigmas)]
-        return float(planned.max()) if planned.size else math.nan
 
     def ledger(self, client_id: int) -> PrivacyLedger:
         """Client ``client_id``'s ledger (an empty one, not kept, for a client that never trained)."""
@@ -278,7 +278,7 @@ class Simulation:
             self.sigmas[:] = state["noise_multipliers"]    # in place: the server's context holds this array
         if self.plan is not None:
             self.plan.memo.update(state.get("sigma_memo", {}))
-        self.max_sigma = self._max_planned(self.sigmas)
+        self.max_sigma = max_planned(self.sigmas)
         self.setup.noise_multipliers = [float(s) for s in self.sigmas]
         self.setup.resumed_after = self.completed_rounds
 

@@ -35,6 +35,11 @@ def pool_key(cfg: Config) -> str:
                       sort_keys=True)
 
 
+def _kill(handles: list[Any]) -> None:
+    for h in handles:
+        ray.kill(h)
+
+
 @ray.remote(num_cpus=0)
 class ActorPool:
     """Lends (driver, client actors) per :func:`pool_key`; creates what is missing."""
@@ -44,7 +49,6 @@ class ActorPool:
         self.idle: dict[str, list[tuple[Any, list[Any]]]] = {}
         self.kind: dict[Any, str] = {}               # actor (driver) -> key, for release
         self.starting: list[list[Any]] = []          # ready() pings of actors created but maybe not placed yet
-        self.created = self.reused = 0
 
     def has_data(self, cfg: Config) -> bool:
         return pool_key(cfg) in self.train
@@ -66,11 +70,9 @@ class ActorPool:
         while idle:
             driver, actors = idle.pop()
             if self._alive([driver, *actors]):
-                self.reused += 1
                 self.kind[driver] = key
                 return driver, actors, True
         self._evict_other_kinds(key)
-        self.created += 1
         actors = start_client_actors(cfg, restarts=False)
         driver = driver_class.remote()
         self.starting.append([a.ready.remote() for a in actors])
@@ -87,24 +89,21 @@ class ActorPool:
         except Exception:   # RayActorError: the actor died with its node
             ok = False
         if not ok:
-            for h in handles:
-                ray.kill(h)
+            _kill(handles)
         return ok
 
     def flush(self) -> None:
         """Kill every idle actor (after a node died, none of them is trusted)."""
         for entries in self.idle.values():
             for driver, actors in entries:
-                for a in [driver, *actors]:
-                    ray.kill(a)
+                _kill([driver, *actors])
         self.idle = {}
 
     def release(self, driver: Any, actors: list[Any]) -> None:
         key = self.kind.pop(driver)
         if self._someone_waits():
             # Actors of another run are still waiting for resources: idle ones must not hold them.
-            for a in [driver, *actors]:
-                ray.kill(a)
+            _kill([driver, *actors])
             return
         self.idle.setdefault(key, []).append((driver, list(actors)))
 
@@ -125,11 +124,7 @@ class ActorPool:
         # Idle actors of another kind hold CPUs that this run's new actors may need.
         for other in [k for k in self.idle if k != key]:
             for driver, actors in self.idle.pop(other):
-                for a in [driver, *actors]:
-                    ray.kill(a)
-
-    def stats(self) -> dict[str, int]:
-        return {"created": self.created, "reused": self.reused}
+                _kill([driver, *actors])
 
     def shutdown(self) -> None:
         self.flush()

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 import uuid
 from typing import Any, Sequence
 
@@ -147,12 +146,10 @@ class RayExecutor:
         self.placement_group = placement_group
         self.train_ref: list | None = None
         self._pending: list[Any] = []
-        self.startup_seconds = 0.0
 
     def start(self, cfg: Config, clipping: str, train: Any) -> None:
         """Ask Ray for the actors (or re-target the given ones) and return at once: they start while
         the server plans the run."""
-        self._t0 = time.perf_counter()
         train_ref = train if isinstance(train, list) else [ray.put(train)]
         # Held for the executor's lifetime: an actor Ray restarts fetches the arrays again through the
         # setup of its next task, so they must still exist in the object store then.
@@ -172,7 +169,6 @@ class RayExecutor:
         if self._pending:
             ray.get(self._pending)
             self._pending = []
-            self.startup_seconds = time.perf_counter() - self._t0
 
     def run_round(self, payload: RoundPayload, tasks: Sequence[ClientTask],
                   clients: Sequence[ClientData]) -> list[ClientResult]:
