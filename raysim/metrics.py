@@ -34,7 +34,6 @@ class Evaluation:
 
 
 @torch.no_grad()
-@torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, batch_size: int = 1000) -> Evaluation:
     """Accuracy, macro-F1 and mean cross-entropy of ``model`` on (x, y) (CPU tensors out; no autograd graph)."""
     model.eval()

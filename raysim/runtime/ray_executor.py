@@ -13,9 +13,8 @@ Actors restart on failure (``max_restarts``) and Ray retries their in-flight tas
 keyed by (round, client), a retried task, or one run on another actor, returns exactly the same
 result.
 
-This module is what a client actor imports: it must stay free of the server side (pandas,
-pyarrow, the accountants, the CLI); ``tests/integration/test_actor_startup.py`` checks
-``sys.modules`` inside an actor.
+The actor class lives in :mod:`raysim.runtime.client_actor`, which imports no torch until a task
+needs it; ``tests/integration/test_actor_startup.py`` checks ``sys.modules`` inside an actor.
 """
 
 from __future__ import annotations
@@ -27,72 +26,10 @@ from typing import Any, Sequence
 
 import ray
 
-from raysim.client import ClientRunner, eval_where
+from raysim.client import eval_where
 from raysim.config import Config
 from raysim.messages import ClientData, ClientResult, ClientTask, RoundPayload
-
-
-@ray.remote
-class ClientActor:
-    """Hosts one :class:`ClientRunner`; trains whichever client a task names.
-
-    Every task carries its run's setup ``(token, cfg, clipping, [train arrays ref])`` (one object
-    per run): the actor (re)configures its runner whenever the token changes, so a warm actor lent
-    to the next run of a sweep, or an actor Ray restarted mid-run, always trains with the run's
-    own configuration and data.
-    """
-
-    def __init__(self, gpu_memory_fraction: float | None = None) -> None:
-        if gpu_memory_fraction is not None:
-            import torch
-            if torch.cuda.is_available():
-                # Fractional num_gpus only limits scheduling; cap this process's CUDA memory explicitly.
-                torch.cuda.set_per_process_memory_fraction(gpu_memory_fraction)
-        self.train_ref: Any = None
-        self.runner: ClientRunner | None = None
-        self.token: str | None = None
-        self.trained: set[int] = set()
-
-    def ready(self) -> bool:
-        return True
-
-    def _runner(self, setup: tuple[str, Config, str, list]) -> ClientRunner:
-        token, cfg, clipping, train_ref = setup
-        if self.runner is None or train_ref[0] != self.train_ref:
-            # The train arrays travel as a reference inside each run's setup, not as a constructor
-            # argument: an actor that Ray restarts fetches them again at its next task.
-            self.train_ref = train_ref[0]
-            self.runner = ClientRunner(cfg, clipping, ray.get(train_ref[0]))
-            self.token = token
-            self.trained = set()
-        elif token != self.token:
-            self.runner.configure(cfg, clipping)
-            self.token = token
-            self.trained = set()
-        return self.runner
-
-    def train(self, payload: RoundPayload, task: ClientTask, client: ClientData,
-              setup: tuple[str, Config, str, list]) -> ClientResult:
-        runner = self._runner(setup)
-        self.trained.add(task.client_id)
-        return runner.train(payload, task, client)
-
-    def train_many(self, payload: RoundPayload, tasks: list[ClientTask], clients: list[ClientData],
-                   setup: tuple[str, Config, str, list]) -> list[ClientResult]:
-        """Several clients of one round, one after another (one Ray task for an actor's share)."""
-        return [self.train(payload, t, c, setup) for t, c in zip(tasks, clients)]
-
-    def evaluate(self, weights: Any, test: tuple, setup: tuple[str, Config, str, list]) -> Any:
-        return self._runner(setup).evaluate(weights, *test)
-
-    def modules(self) -> list[str]:
-        """Names in this process's ``sys.modules`` (the import-path test)."""
-        import sys
-        return sorted(sys.modules)
-
-    def where(self) -> dict[str, Any]:
-        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
-                "clients": sorted(self.trained)}
+from raysim.runtime.client_actor import ClientActor
 
 
 def actor_count(cfg: Config, resources: dict[str, float] | None = None) -> int:
@@ -165,10 +102,13 @@ class RayExecutor:
             self._pending = [a.ready.remote() for a in self.actors]
 
     def ready(self) -> None:
-        """Block until every actor has started (imports done, model built)."""
+        """Block until every actor has started and the active ones (:meth:`active_actors`) have
+        imported the training side and built the run's model; the others stay light until a task
+        reaches them (see :mod:`raysim.runtime.client_actor`)."""
         if self._pending:
             ray.get(self._pending)
             self._pending = []
+            ray.get([a.warm.remote(self.setup_ref) for a in self.active_actors()])
 
     def run_round(self, payload: RoundPayload, tasks: Sequence[ClientTask],
                   clients: Sequence[ClientData]) -> list[ClientResult]:
@@ -192,8 +132,10 @@ class RayExecutor:
         results = [r for batch in ray.get(refs) for r in batch]
         return sorted(results, key=lambda r: r.client_id)
 
-    #: Shard-size units added per client when balancing (one batch: a client's fixed cost per round).
-    FIXED_COST = 64
+    #: Shard-size units added per client when balancing: a client's fixed cost per round in examples'
+    #: worth. Fitted on the digits quickstart (client seconds ≈ 0.066 ms × n_i + 0.96 ms, i.e. about
+    #: 15 examples); on CIFAR-10 an example costs more and the fixed part weighs less.
+    FIXED_COST = 16
 
     def active_actors(self) -> list[Any]:
         """The actors a round uses: on each node, as many as the CPUs the run's actors hold there

@@ -16,7 +16,7 @@ FORBIDDEN = ("pandas", "pyarrow", "matplotlib", "sklearn", "raysim.cli", "raysim
 
 
 def test_client_actor_import_path(ray_session):
-    from raysim.runtime.ray_executor import ClientActor
+    from raysim.runtime.client_actor import ClientActor
     from raysim.messages import ClientData, ClientTask, RoundPayload
     import torch
 
@@ -47,14 +47,37 @@ def _loaded(module: str, names: set[str]) -> bool:
     return module in names or any(name.startswith(module + ".") for name in names)
 
 
-def test_actor_module_import_path():
-    """What the actor's module pulls in by itself, pyarrow included."""
+@pytest.mark.parametrize("module", ["raysim.runtime.ray_executor", "raysim.runtime.client_actor"])
+def test_actor_module_import_path(module):
+    """What the executor's and the actor's modules pull in by themselves, pyarrow included; the
+    actor's module loads no torch either (it comes with the first task or ``warm``)."""
     import subprocess
     import sys
-    code = "import sys, raysim.runtime.ray_executor; print(' '.join(sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    present = [m for m in FORBIDDEN if _loaded(m, set(out.split()))]
-    assert not present, f"raysim.runtime.ray_executor imports {present}"
+    code = f"import sys, {module}; print(' '.join(sys.modules))"
+    out = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+    forbidden = FORBIDDEN + (("torch", "raysim.client") if module.endswith("client_actor") else ())
+    present = [m for m in forbidden if _loaded(m, out)]
+    assert not present, f"{module} imports {present}"
+
+
+def test_reserve_actors_stay_light(ray_session):
+    """On 2 CPUs a run with 4 actors trains on 2 (active_actors); start-up warms those and leaves
+    the other 2 without torch, and the round's results do not depend on it."""
+    from raysim.runtime.ray_executor import RayExecutor
+
+    cfg = config_from_dict({"method": "fedavg", "num_clients": 4, "rounds": 1,
+                            "runtime": {"executor": "ray", "num_actors": 4, "num_cpus_per_client": 0.5}})
+    train = load_dataset("digits", "train", None)
+    ex = RayExecutor()
+    try:
+        ex.start(cfg, "none", train)
+        ex.ready()
+        active = {id(a) for a in ex.active_actors()}
+        assert len(active) == 2
+        has_torch = [("torch" in ray_session.get(a.modules.remote()), id(a) in active) for a in ex.actors]
+    finally:
+        ex.shutdown()
+    assert all(loaded == is_active for loaded, is_active in has_torch), has_torch
 
 
 def test_shard_mismatch_is_refused():
