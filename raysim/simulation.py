@@ -26,6 +26,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from raysim.algorithms.base import MethodContext
 from raysim.algorithms.registry import get_method, resolve_preset
+from raysim.client import eval_where
 from raysim.config import Config, ConfigError, server_holdout_size
 from raysim.data import ArrayDataset, partition, partition_stats, to_float_tensor, train_val_split
 from raysim.metrics import Evaluation, evaluate
@@ -48,13 +49,18 @@ class TrainingDiverged(RuntimeError):
 class Executor(Protocol):
     """Where the clients of a run execute (serial in-process, or Ray actors)."""
 
+    overlaps: bool
+    """True when clients train in other processes, so that :meth:`Simulation.run` may evaluate
+    round t while round t+1 trains."""
+
     def start(self, cfg: Config, clipping: str, train: Any) -> None:
         """Begin starting the workers; may return before they are ready (they start while the server plans)."""
     def ready(self) -> None:
         """Block until every worker can take tasks."""
-    def run_round(self, payload: RoundPayload, tasks: Sequence[ClientTask],
-                  clients: Sequence[ClientData]) -> list[ClientResult]:
-        """Train ``tasks`` (``clients[j]``: the shard of ``tasks[j]``); results sorted by client id."""
+    def submit(self, payload: RoundPayload, tasks: Sequence[ClientTask], clients: Sequence[ClientData]) -> Any:
+        """Start training ``tasks`` (``clients[j]``: the shard of ``tasks[j]``); returns a handle for :meth:`collect`."""
+    def collect(self, handle: Any) -> list[ClientResult]:
+        """The results of a :meth:`submit`, sorted by client id."""
     def evaluate(self, weights: torch.Tensor, x: torch.Tensor, y: torch.Tensor, num_classes: int) -> Any:
         """Evaluate the global model on a worker (``runtime.eval_on``), or return None to leave it to the server."""
     def shutdown(self) -> None: ...
@@ -93,6 +99,32 @@ class RoundRecord:
     # Client state files no later checkpoint names: delete them once ``checkpoint`` is durable.
     released_state_files: list[str] = field(default_factory=list)
     max_noise_multiplier: float = math.nan   # the largest σ_i planned so far (the runs table's noise_multiplier)
+
+
+@dataclass
+class _Dispatched:
+    """A round whose training was submitted."""
+
+    server_round: int
+    participants: list[int]
+    clip: float | tuple[float, ...]
+    tasks: list[ClientTask]
+    handle: Any
+    plan_seconds: float
+
+
+@dataclass
+class _Aggregated:
+    """A round trained, aggregated and accounted for, not yet evaluated."""
+
+    sent: _Dispatched
+    results: list[ClientResult]
+    agg: Any
+    t0: float
+    t1: float
+    t2: float
+    t3: float
+    max_sigma: float
 
 
 def server_holdout(cfg: Config, num_train: int) -> tuple[np.ndarray, np.ndarray]:
@@ -199,6 +231,7 @@ class Simulation:
         self.server = self.spec.server(ctx)
         self.client_states = ClientStateStore(self.state_dir, keep_released=bool(cfg.runtime.checkpoint_every))
         self.completed_rounds = 0
+        self._inflight: _Dispatched | None = None   # round t+1, submitted while round t is evaluated (run)
         self.max_sigma = max_planned(self.sigmas)
         self.setup = SetupRecord(pd.concat(stats, ignore_index=True), count_parameters(self.model), self.clipping,
                                  [float(s) for s in self.sigmas], not_covered(self.spec, cfg, self.clipping))
@@ -234,13 +267,26 @@ class Simulation:
         return score
 
     def run(self) -> Iterator[RoundRecord]:
+        """Yield the records of the remaining rounds.
+
+        When the executor trains elsewhere (``overlaps``: Ray) and round t's evaluation runs here,
+        round t+1 is submitted before round t is evaluated: the clients train while this process
+        evaluates. Round t+1 needs only what round t's aggregation left (weights, server and client
+        states, the public schedule), never the evaluation, and its random streams are keyed by
+        (round, client), so the results are the same bits as without the overlap; the checkpoint
+        of round t is taken before round t+1 is submitted."""
         every = self.cfg.runtime.checkpoint_every
         for t in range(self.completed_rounds + 1, self.cfg.rounds + 1):
-            record = self.round(t)
+            done = self._train_and_aggregate(t)
             self.completed_rounds = t
+            checkpoint, released = None, []
             if every and (t % every == 0 or t == self.cfg.rounds):
-                record.checkpoint = pickle.dumps(self.state(), protocol=pickle.HIGHEST_PROTOCOL)
-                record.released_state_files = self.client_states.released()
+                checkpoint = pickle.dumps(self.state(), protocol=pickle.HIGHEST_PROTOCOL)
+                released = self.client_states.released()
+            if t < self.cfg.rounds and self.executor.overlaps and not self._evaluates_on_worker(t):
+                self._inflight = self._dispatch(t + 1)
+            record = self._finish(done, self.evaluate(t))
+            record.checkpoint, record.released_state_files = checkpoint, released
             yield record
 
     def state(self) -> dict[str, Any]:
@@ -283,17 +329,30 @@ class Simulation:
         self.setup.resumed_after = self.completed_rounds
 
     def round(self, t: int) -> RoundRecord:
+        """Round ``t`` from start to end: train, aggregate, account, evaluate (:meth:`run` overlaps rounds)."""
+        return self._finish(self._train_and_aggregate(t), self.evaluate(t))
+
+    def _dispatch(self, t: int) -> "_Dispatched":
+        """Plan round ``t``'s participants and submit their training."""
         t0 = time.perf_counter()
         participants = [int(c) for c in self.schedule[t - 1]]
         self.plan_clients(participants)
         t_plan = time.perf_counter() - t0
         clip = self.server.clip_norm(t)          # C^(t), before aggregation moves it
         tasks: list[ClientTask] = []
-        results: list[ClientResult] = []
+        handle = None
         if participants:
             payload = self.server.payload(t, self.weights)
             tasks = self.server.tasks(t, self.client_states, participants)
-            results = self.executor.run_round(payload, tasks, [self.clients[task.client_id] for task in tasks])
+            handle = self.executor.submit(payload, tasks, [self.clients[task.client_id] for task in tasks])
+        return _Dispatched(t, participants, clip, tasks, handle, t_plan)
+
+    def _train_and_aggregate(self, t: int) -> "_Aggregated":
+        t0 = time.perf_counter()
+        sent = self._inflight if self._inflight is not None and self._inflight.server_round == t else self._dispatch(t)
+        self._inflight = None
+        participants, tasks = sent.participants, sent.tasks
+        results = self.executor.collect(sent.handle) if sent.handle is not None else []
         t1 = time.perf_counter()
         if [r.client_id for r in results] != participants:
             raise RuntimeError(f"round {t}: executor returned clients {[r.client_id for r in results]}, "
@@ -303,7 +362,7 @@ class Simulation:
         bad = [r.client_id for r in results if not math.isfinite(float(r.delta.sum(dtype=torch.float64)))]
         if bad:
             raise TrainingDiverged(f"training diverged in round {t}: non-finite updates from clients {bad} "
-                                   f"(clip norm {clip})")
+                                   f"(clip norm {sent.clip})")
         for r in results:
             self.client_states.put(r.client_id, r.client_state, t)
         # A round without participants (possible with participation=poisson) leaves the global model and
@@ -324,17 +383,24 @@ class Simulation:
             # Only the participants' ledgers changed; everyone else keeps the ε of an earlier round.
             self.epsilons[participants] = epsilon_many([self.ledgers[cid] for cid in participants])
         t3 = time.perf_counter()
-        ev = self.evaluate(t)
+        return _Aggregated(sent, results, agg, t0, t1, t2, t3, self.planned_max_sigma())
+
+    def _finish(self, done: "_Aggregated", ev: Evaluation) -> RoundRecord:
+        """The round's rows, once it is evaluated."""
         t4 = time.perf_counter()
+        sent, results, agg = done.sent, done.results, done.agg
+        t, clip, tasks = sent.server_round, sent.clip, sent.tasks
         clip_total = float(np.sqrt(np.sum(np.square(clip)))) if isinstance(clip, tuple) else float(clip)
         slowest = max((r.seconds for r in results), default=0.0)
         round_row = {
-            "round": t, "participants": len(participants), "test_accuracy": ev.accuracy, "test_f1": ev.f1,
+            "round": t, "participants": len(sent.participants), "test_accuracy": ev.accuracy, "test_f1": ev.f1,
             "test_loss": ev.loss, "clip_norm": clip_total, "epsilon": float(self.epsilons.max()),
             "mean_train_loss": float(np.mean([r.train_loss for r in results])) if results else math.nan,
-            "round_seconds": t4 - t0, "client_train_seconds": slowest,
-            "communication_seconds": max(0.0, (t1 - t0 - t_plan) - slowest),
-            "aggregation_seconds": t2 - t1, "accounting_seconds": t_plan + (t3 - t2), "eval_seconds": t4 - t3,
+            "round_seconds": t4 - done.t0, "client_train_seconds": slowest,
+            # With overlapping rounds the clients may have trained before this round's clock started.
+            "communication_seconds": max(0.0, (done.t1 - done.t0 - sent.plan_seconds) - slowest),
+            "aggregation_seconds": done.t2 - done.t1, "accounting_seconds": sent.plan_seconds + (done.t3 - done.t2),
+            "eval_seconds": t4 - done.t3,
             **(agg.round_logs if agg is not None else {}),
         }
         client_rows = []
@@ -346,12 +412,19 @@ class Simulation:
                    "epsilon": float(self.epsilons[r.client_id]), "client_seconds": r.seconds, **r.diagnostics}
             row.update(logs)
             client_rows.append(row)
-        return RoundRecord(t, round_row, client_rows, max_noise_multiplier=self.planned_max_sigma())
+        return RoundRecord(t, round_row, client_rows, max_noise_multiplier=done.max_sigma)
+
+    def _evaluates_on_worker(self, t: int) -> bool:
+        """Whether round ``t``'s evaluation runs on a worker (which an overlapping round would keep busy)."""
+        return self._eval_due(t) and eval_where(self.cfg) == "actor"
+
+    def _eval_due(self, t: int) -> bool:
+        return not (t % self.cfg.eval_every and t != self.cfg.rounds)
 
     def evaluate(self, t: int) -> Evaluation:
         """Test metrics of the global model after round ``t``: every ``eval_every`` rounds and after the
         last round (NaN in between), on a worker or here (``runtime.eval_on``)."""
-        if t % self.cfg.eval_every and t != self.cfg.rounds:
+        if not self._eval_due(t):
             return Evaluation(math.nan, math.nan, math.nan)
         remote = self.executor.evaluate(self.weights, self.test_x, self.test_y, self.info.num_classes)
         if remote is not None:

@@ -5,12 +5,13 @@
 
 Start-up (``startup_s``) is the time from ``Simulation`` construction until every worker is
 ready (actors started, torch imported, model built): the server partitions and plans while the
-actors start. Both simulations are built first, then they take turns round by round (serial
-round t, Ray round t, ...), so that a slower spell of the machine hits both alike. Round 1 warms
-up (first-touch allocation); the timed value is the median wall time of the following
-``--timed-rounds`` rounds (the JSON also has the mean), measured by the simulation's own round
-clock. Both executors run single-threaded torch per client (``runtime.torch_threads``); Ray runs
-up to one actor per core at a time. Prints a table and the ratio ray/serial (< 1: Ray is faster).
+actors start. Each executor runs the run the way every run goes, through ``Simulation.run``
+(on Ray, round t+1 trains while round t is evaluated), serial first, then Ray. A round's time is
+the wall time between two consecutive records; round 1 warms up (first-touch allocation) and is
+left out, and the timed value is the median of the following ``--timed-rounds`` rounds (the JSON
+also has the mean and every round). Both executors run single-threaded torch per client
+(``runtime.torch_threads``); Ray runs up to one actor per core at a time. Prints a table and the
+ratio ray/serial (< 1: Ray is faster).
 """
 
 from __future__ import annotations
@@ -28,18 +29,23 @@ from raysim.data import load_dataset  # noqa: E402
 from raysim.simulation import Simulation  # noqa: E402
 
 
-def start(cfg, train, test, executor) -> tuple[Simulation, dict]:
+def measure(cfg, train, test, executor) -> dict:
     t0 = time.perf_counter()
     sim = Simulation(cfg, train, test, executor)
-    out = {"startup_s": sim.setup.startup_seconds}
-    out["first_round_accuracy"] = sim.round(1).round_row["test_accuracy"]
-    out["first_round_incl_setup_s"] = time.perf_counter() - t0
-    return sim, out
-
-
-def summarise(out: dict, walls: list[float]) -> dict:
-    return {**out, "warm_round_s": statistics.median(walls), "warm_round_mean_s": statistics.fmean(walls),
-            "warm_rounds_s": walls}
+    startup = sim.setup.startup_seconds
+    records = sim.run()
+    first = next(records)
+    previous = time.perf_counter()
+    first_incl_setup = previous - t0
+    walls = []
+    for _ in records:
+        now = time.perf_counter()
+        walls.append(now - previous)
+        previous = now
+    executor.shutdown()
+    return {"startup_s": startup, "first_round_incl_setup_s": first_incl_setup,
+            "first_round_accuracy": first.round_row["test_accuracy"], "warm_round_s": statistics.median(walls),
+            "warm_round_mean_s": statistics.fmean(walls), "warm_rounds_s": walls}
 
 
 def main() -> None:
@@ -66,16 +72,8 @@ def main() -> None:
     init_ray()
     serial_cfg = config_from_dict({**base, "runtime": {"executor": "serial"}})
     ray_cfg = config_from_dict({**base, "runtime": {"executor": "ray", "num_actors": args.num_clients}})
-    executors = {"serial": SerialExecutor(), "ray": RayExecutor()}
-    sims, walls = {}, {name: [] for name in executors}
-    for name, cfg in (("serial", serial_cfg), ("ray", ray_cfg)):
-        sims[name] = start(cfg, train, test, executors[name])
-    for t in range(2, 2 + args.timed_rounds):
-        for name, (sim, _) in sims.items():
-            walls[name].append(sim.round(t).round_row["round_seconds"])
-    for executor in executors.values():
-        executor.shutdown()
-    serial, on_ray = (summarise(sims[name][1], walls[name]) for name in ("serial", "ray"))
+    serial = measure(serial_cfg, train, test, SerialExecutor())
+    on_ray = measure(ray_cfg, train, test, RayExecutor())
     ratio = on_ray["warm_round_s"] / serial["warm_round_s"]
     result = {"dataset": dataset, "method": args.method, "num_clients": args.num_clients, "cpus": os.cpu_count(),
               "serial": serial, "ray": on_ray, "ratio_ray_over_serial": ratio}

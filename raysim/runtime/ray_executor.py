@@ -110,9 +110,11 @@ class RayExecutor:
             self._pending = []
             ray.get([a.warm.remote(self.setup_ref) for a in self.active_actors()])
 
-    def run_round(self, payload: RoundPayload, tasks: Sequence[ClientTask],
-                  clients: Sequence[ClientData]) -> list[ClientResult]:
-        """Train ``tasks`` (``clients[j]`` is the shard of ``tasks[j]``); results sorted by client id.
+    #: Clients train in other processes: the simulation evaluates round t while round t+1 trains.
+    overlaps = True
+
+    def submit(self, payload: RoundPayload, tasks: Sequence[ClientTask], clients: Sequence[ClientData]) -> list[Any]:
+        """Start training ``tasks`` (``clients[j]`` is the shard of ``tasks[j]``); returns the task refs.
 
         The round's clients are split over the *active* actors (:meth:`active_actors`: as many per
         node as the CPUs the run's actors hold there), largest shard first onto the least loaded
@@ -127,10 +129,12 @@ class RayExecutor:
             k = min(range(len(active)), key=lambda a: (load[a], a))
             shares[k].append(j)
             load[k] += len(clients[j].train_indices) + self.FIXED_COST
-        refs = [active[k].train_many.remote(payload_ref, [tasks[j] for j in share], [clients[j] for j in share],
+        return [active[k].train_many.remote(payload_ref, [tasks[j] for j in share], [clients[j] for j in share],
                                             self.setup_ref) for k, share in enumerate(shares) if share]
-        results = [r for batch in ray.get(refs) for r in batch]
-        return sorted(results, key=lambda r: r.client_id)
+
+    def collect(self, refs: list[Any]) -> list[ClientResult]:
+        """The results of :meth:`submit`, sorted by client id."""
+        return sorted((r for batch in ray.get(refs) for r in batch), key=lambda r: r.client_id)
 
     #: Shard-size units added per client when balancing: a client's fixed cost per round in examples'
     #: worth. Fitted on the digits quickstart (client seconds ≈ 0.066 ms × n_i + 0.96 ms, i.e. about

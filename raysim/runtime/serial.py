@@ -22,9 +22,16 @@ class SerialExecutor:
     def ready(self) -> None:
         return None
 
-    def run_round(self, payload: RoundPayload, tasks: Sequence[ClientTask],
-                  clients: Sequence[ClientData]) -> list[ClientResult]:
+    #: Clients train in this process, when the round is collected.
+    overlaps = False
+
+    def submit(self, payload: RoundPayload, tasks: Sequence[ClientTask],
+               clients: Sequence[ClientData]) -> tuple[RoundPayload, Sequence[ClientTask], Sequence[ClientData]]:
+        return payload, tasks, clients
+
+    def collect(self, handle: tuple[RoundPayload, Sequence[ClientTask], Sequence[ClientData]]) -> list[ClientResult]:
         assert self.runner is not None, "start() first"
+        payload, tasks, clients = handle
         return sorted((self.runner.train(payload, t, c) for t, c in zip(tasks, clients)), key=lambda r: r.client_id)
 
     def evaluate(self, weights: Any, x: Any, y: Any, num_classes: int) -> Any:
