@@ -55,7 +55,7 @@ def main() -> None:
     ap.add_argument("--method", default="fedavg")
     ap.add_argument("--num-clients", type=int, default=10)
     ap.add_argument("--local-epochs", type=int, default=1)
-    ap.add_argument("--timed-rounds", type=int, default=8)
+    ap.add_argument("--timed-rounds", type=int, default=30)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     dataset = args.dataset or ("cifar10" if args.data_root else "digits")
