@@ -29,11 +29,13 @@ from raysim.data import load_dataset  # noqa: E402
 from raysim.simulation import Simulation  # noqa: E402
 
 
-def measure(cfg, train, test, executor) -> dict:
+def measure(cfg, train, test, executor, overlap: bool = True) -> dict:
     t0 = time.perf_counter()
     sim = Simulation(cfg, train, test, executor)
     startup = sim.setup.startup_seconds
-    records = sim.run()
+    # Without overlap: one round after the other, as Simulation.round runs them (round t+1 is
+    # submitted only after round t is evaluated).
+    records = sim.run() if overlap else (sim.round(t) for t in range(1, cfg.rounds + 1))
     first = next(records)
     previous = time.perf_counter()
     first_incl_setup = previous - t0
@@ -56,6 +58,9 @@ def main() -> None:
     ap.add_argument("--num-clients", type=int, default=10)
     ap.add_argument("--local-epochs", type=int, default=1)
     ap.add_argument("--timed-rounds", type=int, default=30)
+    ap.add_argument("--num-actors", type=int, default=None, help="Ray client actors (default: --num-clients)")
+    ap.add_argument("--no-overlap", action="store_true",
+                    help="Ray: do not submit round t+1 while round t is evaluated (to measure what the overlap saves)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     dataset = args.dataset or ("cifar10" if args.data_root else "digits")
@@ -71,22 +76,24 @@ def main() -> None:
     from raysim.runtime.serial import SerialExecutor
     init_ray()
     serial_cfg = config_from_dict({**base, "runtime": {"executor": "serial"}})
-    ray_cfg = config_from_dict({**base, "runtime": {"executor": "ray", "num_actors": args.num_clients}})
+    ray_cfg = config_from_dict({**base, "runtime": {"executor": "ray", "num_actors": args.num_actors or args.num_clients}})
     serial = measure(serial_cfg, train, test, SerialExecutor())
-    on_ray = measure(ray_cfg, train, test, RayExecutor())
+    on_ray = measure(ray_cfg, train, test, RayExecutor(), overlap=not args.no_overlap)
     ratio = on_ray["warm_round_s"] / serial["warm_round_s"]
-    result = {"dataset": dataset, "method": args.method, "num_clients": args.num_clients, "cpus": os.cpu_count(),
-              "serial": serial, "ray": on_ray, "ratio_ray_over_serial": ratio}
+    actors = ray_cfg.runtime.num_actors
+    result = {"dataset": dataset, "method": args.method, "num_clients": args.num_clients, "num_actors": actors,
+              "overlap": not args.no_overlap, "cpus": os.cpu_count(), "serial": serial, "ray": on_ray, "ratio_ray_over_serial": ratio}
     if args.json:
         print(json.dumps(result, indent=2))
         return
     print(f"dataset={dataset} method={args.method} clients={args.num_clients} local_epochs={args.local_epochs} cpus={os.cpu_count()}")
     print(f"| executor | start-up (s) | first round incl. start-up (s) | warm round, median of {args.timed_rounds} (s) |")
     print("|---|---|---|---|")
-    for name, r in (("serial", serial), (f"ray, {args.num_clients} actors", on_ray)):
+    ray_name = f"ray, {actors} actors" + (", no overlap" if args.no_overlap else "")
+    for name, r in (("serial", serial), (ray_name, on_ray)):
         print(f"| {name} | {r['startup_s']:.2f} | {r['first_round_incl_setup_s']:.2f} | {r['warm_round_s']:.3f} |")
     print(f"ratio ray/serial (median warm round) = {ratio:.3f}")
-    print(f"start-up of {args.num_clients} actors = {on_ray['startup_s']:.2f} s (Simulation construction to every actor ready)")
+    print(f"start-up of {actors} actors = {on_ray['startup_s']:.2f} s (Simulation construction to every actor ready)")
 
 
 if __name__ == "__main__":
