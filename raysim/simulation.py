@@ -286,6 +286,7 @@ class Simulation:
             if t < self.cfg.rounds and self.executor.overlaps and not self._evaluates_on_worker(t):
                 self._inflight = self._dispatch(t + 1)
             record = self._finish(done, self.evaluate(t))
+            del done   # the round's results (model-sized deltas) must not live on while the next round's arrive
             record.checkpoint, record.released_state_files = checkpoint, released
             yield record
 

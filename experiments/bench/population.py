@@ -16,7 +16,8 @@ puts there and each actor reads zero-copy), so a sum over actors counts those pa
 RssShmem (object-store pages mapped) over the actors, counted once. Times: *set-up* is the
 ``Simulation`` construction until every actor is ready; a round's wall time runs from asking for it
 to having its record and checkpoint; *warm* is the mean over the rounds after the first, *driver*
-that wall time less the executor's (the clients' training and its dispatch).
+the driver's own work in it (aggregation, accounting, evaluation, rows and checkpoint), not its
+waiting for the clients.
 """
 
 from __future__ import annotations
@@ -109,7 +110,11 @@ def child(args: argparse.Namespace) -> dict:
                 break
             walls.append(time.perf_counter() - start)
             row = rec.round_row
-            driver_s.append(walls[-1] - (row["client_train_seconds"] + row["communication_seconds"]))
+            # The driver's own work: aggregation, accounting, evaluation, and what follows the round's
+            # clock (rows, checkpoint). Waiting for the clients is not counted; with overlapping rounds
+            # they may have trained before this round's clock started.
+            driver_s.append(row["aggregation_seconds"] + row["accounting_seconds"] + row["eval_seconds"]
+                            + max(0.0, walls[-1] - row["round_seconds"]))
             checkpoint_bytes.append(len(rec.checkpoint or b""))
             samples.extend(r["num_samples"] for r in rec.client_rows)
         sampler.stop()

@@ -76,3 +76,4 @@ def test_tensors_that_need_grad_or_lack_a_numpy_dtype_stay_tensors():
     assert isinstance(_to_wire(torch.ones(2), {}), _WireTensor)
     assert isinstance(_to_wire(torch.ones(2, requires_grad=True), {}), torch.Tensor)
     assert isinstance(_to_wire(torch.ones(2, dtype=torch.bfloat16), {}), torch.Tensor)
+
