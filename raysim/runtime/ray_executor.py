@@ -20,7 +20,6 @@ needs it; ``tests/integration/test_actor_startup.py`` checks ``sys.modules`` ins
 from __future__ import annotations
 
 import math
-import os
 import uuid
 from typing import Any, Sequence
 
@@ -137,8 +136,8 @@ class RayExecutor:
         return sorted((r for batch in ray.get(refs) for r in batch), key=lambda r: r.client_id)
 
     #: Shard-size units added per client when balancing: a client's fixed cost per round in examples'
-    #: worth. Fitted on the digits quickstart (client seconds ≈ 0.066 ms × n_i + 0.96 ms, i.e. about
-    #: 15 examples); on CIFAR-10 an example costs more and the fixed part weighs less.
+    #: worth, about 15 on the digits quickstart (``python experiments/bench/probes.py client-cost``);
+    #: on CIFAR-10 an example costs more and the fixed part weighs less.
     FIXED_COST = 16
 
     def active_actors(self) -> list[Any]:
