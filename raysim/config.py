@@ -74,11 +74,14 @@ class RuntimeConfig:
     num_cpus_per_client: float | None = None  # default: fit all actors on the cluster's CPUs (≤ 1)
     num_gpus_per_client: float = 0.0
     gpu_memory_fraction: float | None = None  # explicit per-actor CUDA memory cap
-    torch_threads: int = 1             # per actor and serial executor: results must not depend on it
+    torch_threads: int = 1             # per actor and serial executor; the bits are the same on every executor
+                                       # at one value, and change in the last place across values (MKL's small
+                                       # matmuls split their sums by thread count; docs/cluster.md)
     max_actor_restarts: int = 3
     checkpoint_every: int = 1          # save a resumable checkpoint every k rounds (0: never)
     eval_on: str = "auto"              # where the global model is evaluated: driver | actor (a client actor,
                                        # on its GPU share if it has one) | auto (actor when clients have GPUs)
+    malloc_tuning: bool = True         # keep multi-MB buffers in the heap (raysim.allocator); speed only
 
 
 @dataclass(frozen=True)
@@ -442,7 +445,7 @@ def server_holdout_size(cfg: Config) -> int:
     return 500 if cfg.cra.utility == "server_val_f1" else 0
 
 
-_RUNTIME_KEYS_ADDED_LATER = ("eval_on",)
+_RUNTIME_KEYS_ADDED_LATER = ("eval_on", "malloc_tuning")
 
 
 def result_hash(cfg: Config) -> str:

@@ -25,6 +25,7 @@ import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from raysim.algorithms.base import MethodContext
+from raysim.allocator import tune_malloc
 from raysim.algorithms.registry import get_method, resolve_preset
 from raysim.client import eval_where
 from raysim.config import Config, ConfigError, server_holdout_size
@@ -172,6 +173,8 @@ class Simulation:
         started = time.perf_counter()
         self.state_dir = state_dir
         torch.set_num_threads(cfg.runtime.torch_threads)
+        if cfg.runtime.malloc_tuning:
+            tune_malloc()
         cfg = resolve_preset(cfg)
         self.cfg = cfg
         self.spec = get_method(cfg.method)

@@ -1,12 +1,17 @@
 """Throughput of one DP training step, per gradient engine, against plain SGD in the same run.
 
     python experiments/bench/dp_step.py [--json] [--steps N] [--batch-size 64] [--threads T] [--lldm]
-        [--model cnn|resnet18_gn|wrn16_4] [--engines plain,bk,...]
+        [--model cnn|resnet18_gn|wrn16_4] [--engines plain,bk,...] [--no-malloc-tuning]
 
 Each engine trains its own copy of the same initial model on the same seeded random batches
 (3x32x32, 10 classes): warm-up steps first, then timed steps, the engines taking turns step by
 step; samples/s = B / median step time (the JSON also has B / mean step time).
 An engine that cannot run the model is reported as "unsupported: <reason>", not a crash.
+
+The process runs with the glibc malloc settings raysim applies wherever it trains
+(:func:`raysim.allocator.tune_malloc`, ``runtime.malloc_tuning``), plain SGD included;
+``--no-malloc-tuning`` measures glibc's defaults instead. The setting is per process, so the two
+cannot be compared in one run: compare runs, and the ratios within each.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from raysim.allocator import tune_malloc
 from raysim.config import MODEL_NAMES
 from raysim.models import build_backbone
 from raysim.privacy.clipping import privatize
@@ -117,6 +123,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     change in machine load hits all engines alike; samples/s uses the median step time."""
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    tuned = tune_malloc() if args.malloc_tuning else False
     gen = torch_generator(args.seed, "bench_data")
     batches = [(torch.randn(args.batch_size, 3, 32, 32, generator=gen),
                 torch.randint(0, 10, (args.batch_size,), generator=gen)) for _ in range(4)]
@@ -124,7 +131,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     engines = [e for e in ENGINES if e[0] == "plain" or e[0] in args.engines]
     rows = [{"engine": name, "key": key, "model": args.model, "lldm": args.lldm, "threads": torch.get_num_threads(),
              "batch_size": args.batch_size, "samples_per_s": None, "mean_samples_per_s": None,
-             "ratio_to_plain": None, "error": None} for key, name, _ in engines]
+             "malloc_tuning": tuned, "ratio_to_plain": None, "error": None} for key, name, _ in engines]
     steps: dict[int, Step] = {}
     times: dict[int, list[float]] = {}
     with warnings.catch_warnings():
@@ -179,6 +186,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--engines", default=",".join(key for key, _, _ in ENGINES),
                         help="comma-separated subset of " + ", ".join(key for key, _, _ in ENGINES)
                              + " (plain SGD always runs)")
+    parser.add_argument("--no-malloc-tuning", dest="malloc_tuning", action="store_false",
+                        help="keep glibc's default malloc thresholds (default: raysim's, see raysim.allocator)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.steps <= 0 or args.batch_size <= 0 or args.warmup < 0:
@@ -193,7 +202,8 @@ def main(argv: list[str] | None = None) -> None:
     else:
         model = "paper CNN" if args.model == "cnn" else args.model
         print(f"{model}{' + LLDM' if args.lldm else ''}, 3x32x32 inputs, batch {args.batch_size}, {args.steps} timed steps "
-              f"after {args.warmup} warm-up, {torch.get_num_threads()} threads, B / median step time\n")
+              f"after {args.warmup} warm-up, {torch.get_num_threads()} threads, "
+              f"malloc tuning {'on' if rows[0]['malloc_tuning'] else 'off'}, B / median step time\n")
         print(_markdown(rows))
 
 

@@ -2,6 +2,7 @@
 next to plain SGD's forward and backward on the same model and batches.
 
     python experiments/bench/engine_profile.py [--threads 2] [--model cnn] [--lldm] [--steps 25] [--cpu-time]
+        [--no-malloc-tuning]
 
 It replays the engine's phases (forward with hooks, backward to the layer outputs, each layer's
 per-example norms, clip factors, each layer's clipped sum, noise, optimiser step) with the
@@ -20,6 +21,7 @@ from collections import defaultdict
 import torch
 import torch.nn.functional as F
 
+from raysim.allocator import tune_malloc
 from raysim.config import MODEL_NAMES
 from raysim.models import build_backbone, init_parameters
 from raysim.privacy.grad_sample import _channels_last, clip_factors, parametrised_layers
@@ -35,8 +37,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=25)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--cpu-time", action="store_true")
+    parser.add_argument("--no-malloc-tuning", dest="malloc_tuning", action="store_false",
+                        help="keep glibc's default malloc thresholds (default: raysim's, as in dp_step.py)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.malloc_tuning:
+        tune_malloc()
     clock = time.thread_time if args.cpu_time else time.perf_counter
     model = build_backbone(args.model, 3, 32, 10, lldm=args.lldm)
     init_parameters(model, torch_generator(0, "model-init"))

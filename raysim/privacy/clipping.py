@@ -94,8 +94,10 @@ def _gaussian_like(grads: list[torch.Tensor], std: float, generator: torch.Gener
     if generator is None:
         raise ValueError("noise needs an explicit torch.Generator (raysim never draws DP noise from the "
                          "global RNG); derive one with raysim.rng.torch_generator")
-    # In place: a fresh multi-MB tensor per pass costs more than the arithmetic (page faults).
-    return [torch.randn(g.shape, generator=generator, dtype=g.dtype, device=g.device).mul_(std) for g in grads]
+    # One pass per tensor: normal_ scales by std as it draws (the same bits as randn(...).mul_(std)
+    # for tensors of 16 elements or more).
+    return [torch.empty(g.shape, dtype=g.dtype, device=g.device).normal_(0.0, std, generator=generator)
+            for g in grads]
 
 
 def _mean_gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[list[torch.Tensor], float]:
@@ -146,12 +148,15 @@ def privatize(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, mode: str,
     if mode == "per_sample":
         if expected_batch_size <= 0:
             raise ValueError(f"expected_batch_size must be > 0, got {expected_batch_size}")
-        res = engine.clipped_sum(model, x, y, clip_norm, per_layer=per_layer)
-        if canaries is not None:
-            res.grads = [g + c for g, c in zip(res.grads, canaries[0])]
+        # (noise + Σ clipped) / B, computed as noise·(σC/B) + Σ (c_i/B)·g_i: the noise is drawn
+        # first and the engine accumulates into it, one multi-MB pass per parameter fewer.
+        scale = 1.0 / expected_batch_size
         std = noise_multiplier * total_sensitivity(clip_norm, per_layer)
-        noise = _gaussian_like(res.grads, std, generator)
-        grads = [n.add_(g).div_(expected_batch_size) for g, n in zip(res.grads, noise)]
+        noise = _gaussian_like(list(model.parameters()), std * scale, generator)
+        res = engine.clipped_sum(model, x, y, clip_norm, per_layer=per_layer, scale=scale, out=noise)
+        grads = res.grads
+        if canaries is not None:
+            grads = [g.add_(c * scale) for g, c in zip(grads, canaries[0])]
         return PrivateGrad(grads=grads, loss_mean=res.loss_sum / batch if batch else 0.0, batch_size=batch,
                            num_clipped=res.num_clipped, frac_clipped=res.num_clipped / batch if batch else 0.0,
                            per_example_norms=res.per_example_norms)

@@ -2,8 +2,9 @@
 
 An engine answers one question for a batch: given per-example losses (cross-entropy), what is
 each example's gradient norm, and what is ``Σ_i c_i ∇ℓ_i`` with the DP-SGD clip factors
-``c_i = min(1, C / (‖∇ℓ_i‖ + 1e-6))``? It adds no noise and does not divide: that belongs to
-``raysim.privacy.clipping``.
+``c_i = min(1, C / (‖∇ℓ_i‖ + 1e-6))``? It adds no noise: ``raysim.privacy.clipping`` draws the
+noise and passes it as ``out`` with ``scale = 1/B``, and the engine adds ``scale · Σ_i c_i ∇ℓ_i``
+to it in place.
 
 ``bk`` (default) is the book-keeping engine (Bu et al. 2022; ghost norm of Goodfellow 2015 and
 Li et al. 2021). One forward pass records each layer's input activation ``a``; one backward pass
@@ -64,8 +65,11 @@ class GradSampleEngine(Protocol):
     name: str
 
     def clipped_sum(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
-                    clip_norm: float | Sequence[float], *, per_layer: bool = False) -> ClippedGrads:
-        """Per-example norms and the sum of per-example clipped gradients of the summed CE loss."""
+                    clip_norm: float | Sequence[float], *, per_layer: bool = False,
+                    scale: float = 1.0, out: list[torch.Tensor] | None = None) -> ClippedGrads:
+        """Per-example norms and ``scale · Σ_i c_i ∇ℓ_i`` of the summed CE loss; with ``out`` (one
+        tensor per parameter, in its shape), that sum is added to ``out`` in place and
+        ``ClippedGrads.grads`` are those tensors."""
         ...
 
 
@@ -158,12 +162,15 @@ def clip_factors(per_layer_norms: torch.Tensor, clip_norm: float | Sequence[floa
     return factors, int(clipped.sum())
 
 
-def _empty_result(model: nn.Module, x: torch.Tensor, clip_norm, per_layer: bool) -> ClippedGrads:
+def _empty_result(model: nn.Module, x: torch.Tensor, clip_norm, per_layer: bool,
+                  out: list[torch.Tensor] | None = None) -> ClippedGrads:
     num_layers = len(parametrised_layers(model))
     _thresholds(clip_norm, per_layer, num_layers)
     params = list(model.parameters())
     dtype = params[0].dtype if params else x.dtype
-    return ClippedGrads(grads=[torch.zeros_like(p, memory_format=torch.contiguous_format).detach() for p in params],
+    grads = out if out is not None else [torch.zeros_like(p, memory_format=torch.contiguous_format).detach()
+                                         for p in params]
+    return ClippedGrads(grads=grads,
                         per_example_norms=torch.zeros(0, dtype=dtype, device=x.device),
                         num_clipped=0, loss_sum=0.0,
                         per_layer_norms=torch.zeros(0, num_layers, dtype=dtype, device=x.device))
@@ -183,8 +190,10 @@ class BookKeepingEngine:
     name: str
 
     def clipped_sum(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
-                    clip_norm: float | Sequence[float], *, per_layer: bool = False) -> ClippedGrads:
-        """Sum of per-example clipped gradients of ``cross_entropy(model(x), y, reduction='sum')``.
+                    clip_norm: float | Sequence[float], *, per_layer: bool = False,
+                    scale: float = 1.0, out: list[torch.Tensor] | None = None) -> ClippedGrads:
+        """Sum of per-example clipped gradients of ``cross_entropy(model(x), y, reduction='sum')``,
+        times ``scale`` (folded into the clip factors), added to ``out`` when given.
 
         Privacy: this is the clipping step of DP-SGD; each example's contribution to the
         returned sum has l2 norm ≤ C (or ≤ C_k per layer), so adding or removing one example
@@ -194,8 +203,9 @@ class BookKeepingEngine:
         names = {id(m): n for n, m in model.named_modules()}
         check_supported(layers, names)
         if x.shape[0] == 0:
-            return _empty_result(model, x, clip_norm, per_layer)
+            return _empty_result(model, x, clip_norm, per_layer, out)
         _thresholds(clip_norm, per_layer, len(layers))
+        accumulate = out
 
         records: dict[int, list[tuple[torch.Tensor, torch.Tensor, int]]] = {id(m): [] for m in layers}
 
@@ -243,15 +253,20 @@ class BookKeepingEngine:
                 stats.append(LayerStats(layer, pairs, batch, dtype, device))
             per_layer_norms = torch.stack([s.sq_norm for s in stats], dim=1).clamp(min=0).sqrt()
             factors, num_clipped = clip_factors(per_layer_norms, clip_norm, per_layer)
+            if scale != 1.0:
+                factors = factors * scale
 
             index = {id(p): j for j, p in enumerate(params)}
             grads: list[torch.Tensor | None] = [None] * len(params)
             for k, s in enumerate(stats):
-                for pname, value in s.clipped_sums(factors[:, k].contiguous()).items():
+                into = None if accumulate is None else {
+                    pname: accumulate[index[id(p)]] for pname, p in s.layer.named_parameters(recurse=False)}
+                for pname, value in s.clipped_sums(factors[:, k].contiguous(), into).items():
                     j = index[id(getattr(s.layer, pname))]
                     if grads[j] is None:
                         grads[j] = value
-            grads = [torch.zeros_like(p) if gr is None else gr.detach() for p, gr in zip(params, grads)]
+            fill = (lambda j, p: torch.zeros_like(p)) if accumulate is None else (lambda j, p: accumulate[j])
+            grads = [fill(j, p) if gr is None else gr.detach() for j, (p, gr) in enumerate(zip(params, grads))]
         return ClippedGrads(grads=grads, per_example_norms=per_layer_norms.pow(2).sum(1).sqrt(),
                             num_clipped=num_clipped, loss_sum=float(loss_sum.detach()),
                             per_layer_norms=per_layer_norms)
@@ -264,13 +279,14 @@ class VmapEngine:
     name: str
 
     def clipped_sum(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
-                    clip_norm: float | Sequence[float], *, per_layer: bool = False) -> ClippedGrads:
+                    clip_norm: float | Sequence[float], *, per_layer: bool = False,
+                    scale: float = 1.0, out: list[torch.Tensor] | None = None) -> ClippedGrads:
         """Same contract as :meth:`BookKeepingEngine.clipped_sum` (same privacy statement)."""
         from torch.func import functional_call, grad_and_value, vmap
 
         groups = layer_param_indices(model)
         if x.shape[0] == 0:
-            return _empty_result(model, x, clip_norm, per_layer)
+            return _empty_result(model, x, clip_norm, per_layer, out)
         _thresholds(clip_norm, per_layer, len(groups))
         named = dict(model.named_parameters())
         trainable = {n: p.detach() for n, p in named.items() if p.requires_grad}
@@ -296,6 +312,8 @@ class VmapEngine:
                         sq[:, k] += per_example[names[j]].reshape(batch, -1).pow(2).sum(1)
             per_layer_norms = sq.sqrt()
             factors, num_clipped = clip_factors(per_layer_norms, clip_norm, per_layer)
+            if scale != 1.0:
+                factors = factors * scale
             layer_of = {j: k for k, ids in enumerate(groups) for j in ids}
             grads = []
             for j, (n, p) in enumerate(named.items()):
@@ -304,5 +322,7 @@ class VmapEngine:
                     grads.append((c @ per_example[n].reshape(batch, -1)).reshape(p.shape))
                 else:
                     grads.append(torch.zeros_like(p))
+            if out is not None:
+                grads = [o.add_(g) for o, g in zip(out, grads)]
         return ClippedGrads(grads=grads, per_example_norms=sq.sum(1).sqrt(), num_clipped=num_clipped,
                             loss_sum=float(losses.sum()), per_layer_norms=per_layer_norms)

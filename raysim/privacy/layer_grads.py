@@ -12,11 +12,11 @@ result, down to the last bit, does not depend on the machine's load):
   ``B·T²·(D_in + D_out)`` multiply-adds, the explicit ``G_i`` ``B·T·D_in·D_out``; the cheaper is
   taken (mixed ghost clipping, Bu et al. 2022, with the cost model of both contractions rather
   than memory alone). On the ghost path a conv's clipped sum is one ordinary weight-gradient
-  call with the output gradients pre-scaled by the clip factors. An explicit conv ``G_i`` is computed without unfolding the input: for few
-  input channels as one convolution of the padded input (channels and batch swapped) with the
-  output gradients as kernels, which oneDNN runs several times faster than the alternative; else
-  as the weight gradient of a conv with groups=B, a few MB of the batch at a time (one call over
-  the whole batch needs a workspace that costs thousands of page faults per step). The clipped
+  call with the output gradients pre-scaled by the clip factors. An explicit conv ``G_i`` is, for
+  few input channels, a batched matmul of the channels-last output gradients with the input's
+  patches (a strided view of the padded NHWC input, copied a few MB of the batch at a time); else
+  the weight gradient of a conv with groups=B, a few MB of the batch at a time (one call over the
+  whole batch needs a workspace several times the result). The clipped
   sum of explicit ``G_i`` is a (B)·(B × D_out·D_in) product per chunk.
 - ``GroupNorm`` (affine): per-example ``dγ_c = Σ g·x̂`` and ``dβ_c = Σ g`` over the channel's
   positions, with ``x̂`` the normalised input, recomputed from the recorded input.
@@ -33,10 +33,13 @@ __all__ = ["SUPPORTED", "check_supported", "LayerStats"]
 #: Parametrised module types the book-keeping engine handles.
 SUPPORTED = (nn.Conv2d, nn.Linear, nn.GroupNorm)
 
-#: At most this many input channels, an explicit conv per-example grad is one convolution of
-#: the batch-major input with the output gradients as kernels (measured on CPU at batch 64:
-#: 3→32 5x5 on 32x32 4.1 ms against 14.6 ms with groups=B; 32→64 5x5 on 16x16 17 ms against 12 ms).
-SWAPPED_CONV_MAX_IN_CHANNELS = 4
+#: At most this many input channels, an explicit conv per-example grad is a batched matmul of the
+#: output gradients with the channels-last input patches (:func:`_conv_im2col`); above, the weight
+#: grad of a conv with groups=B. Measured on CPU at batch 64, 2 threads: 3→32 5x5 on 32x32 4.5–5.4 ms,
+#: against 6.7 ms for a conv with the roles of input and output gradients swapped (which needs the
+#: output gradients copied out of channels-last) and 14.6 ms with groups=B; 32→64 5x5 on 16x16
+#: 12.5 ms as a matmul against 10.7 ms with groups=B.
+IM2COL_MAX_IN_CHANNELS = 4
 #: Explicit conv per-example grads are computed and held this many bytes of the batch at a time.
 CHUNK_BYTES = 4 * 2**20
 
@@ -89,25 +92,32 @@ def _conv_grouped(layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.T
     return grads.view(batch, c_out, -1)
 
 
-def _conv_swapped(layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """Per-example weight grads (B, Cout, Cin·kh·kw) as a forward conv with the roles swapped.
+def _conv_im2col(layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """Per-example weight grads (B, Cout, Cin·kh·kw) as one batched matmul over channels-last patches.
 
-    ``∇W_i[o, c, u, v] = Σ_{h,w} g_i[o, h, w] · a_i[c, s·h + d·u, s·w + d·v]`` (s stride, d
-    dilation, ``a`` padded) is a conv of ``a`` laid out as (Cin, B, H, W) with the B·Cout kernels
-    ``g_i[o]`` in B groups, stride d and dilation s; rows past the kernel are cut off.
+    ``∇W_i[o, (u, v, c)] = Σ_{h,w} g_i[o, h, w] · a_i[s·h + d·u, s·w + d·v, c]`` (s stride, d
+    dilation, ``a`` padded, NHWC): the patches of the padded NHWC input are a strided view
+    (B, Ho, Wo, kh, kw, Cin) whose copy is (B, Ho·Wo, kh·kw·Cin), and channels-last output
+    gradients are already (B, Ho·Wo, Cout) in memory, so neither operand is transposed in memory.
+    The result is reordered to the weight's (Cout, Cin, kh, kw) order (B·Cout·Cin·kh·kw elements).
     """
     a, _ = _padded_input(layer, a, explicit=True)
     batch, c_in, c_out = a.shape[0], a.shape[1], g.shape[1]
     kh, kw = layer.kernel_size
-    out = F.conv2d(a.transpose(0, 1), g.reshape(batch * c_out, 1, *g.shape[2:]),
-                   stride=layer.dilation, dilation=layer.stride, groups=batch)
-    out = out[:, :, :kh, :kw].reshape(c_in, batch, c_out, kh * kw)
-    return out.permute(1, 2, 0, 3).reshape(batch, c_out, c_in * kh * kw)
+    (sh, sw), (dh, dw) = layer.stride, layer.dilation
+    h_out, w_out = g.shape[2], g.shape[3]
+    nhwc = a.permute(0, 2, 3, 1).contiguous()           # a view when ``a`` is channels-last already
+    sb, sr, sc, _ = nhwc.stride()
+    patches = nhwc.as_strided((batch, h_out, w_out, kh, kw, c_in), (sb, sr * sh, sc * sw, sr * dh, sc * dw, 1))
+    patches = patches.reshape(batch, h_out * w_out, kh * kw * c_in)
+    g_rows = g.permute(0, 2, 3, 1).reshape(batch, h_out * w_out, c_out)   # a view for channels-last g
+    grads = torch.bmm(g_rows.transpose(1, 2), patches)                    # (B, Cout, kh·kw·Cin)
+    return grads.view(batch, c_out, kh, kw, c_in).permute(0, 1, 4, 2, 3).reshape(batch, c_out, -1)
 
 
 def _conv_per_example_weight(layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    if layer.in_channels <= SWAPPED_CONV_MAX_IN_CHANNELS:
-        return _conv_swapped(layer, a, g)
+    if layer.in_channels <= IM2COL_MAX_IN_CHANNELS:
+        return _conv_im2col(layer, a, g)
     return _conv_grouped(layer, a, g)
 
 
@@ -150,10 +160,15 @@ def _total(tensors) -> torch.Tensor:
 
 def _conv_per_example_chunks(layer: nn.Conv2d, records, batch: int) -> list[torch.Tensor]:
     """Per-example weight grads, summed over the layer's calls, as consecutive chunks of the batch
-    of at most ``CHUNK_BYTES`` each: oneDNN's workspace for one groups=B call over the whole batch
-    is several times the result, and fresh multi-MB buffers cost page faults on every step."""
+    of at most ``CHUNK_BYTES`` each (counting the input patches on the matmul path): oneDNN's
+    workspace for one groups=B call over the whole batch is several times the result, and the
+    patches of a 32x32 RGB batch of 64 under a 5x5 kernel take 20 MB."""
     weight = layer.weight
-    size = max(1, CHUNK_BYTES // (weight.numel() * weight.element_size()))
+    per_example = weight.numel()
+    if layer.in_channels <= IM2COL_MAX_IN_CHANNELS:
+        g = records[0][1]
+        per_example = max(per_example, g[0, 0].numel() * weight[0].numel())
+    size = max(1, CHUNK_BYTES // (per_example * weight.element_size()))
     return [_total(_conv_per_example_weight(layer, a[start:start + size], g[start:start + size]) for a, g in records)
             for start in range(0, batch, size)]
 
@@ -247,24 +262,40 @@ class LayerStats:
             self.per_example["weight"] = [_total(torch.bmm(g, a.transpose(1, 2))
                                               for a, g in (_as_sequence(layer, *r) for r in records))]
 
-    def clipped_sums(self, factors: torch.Tensor) -> dict[str, torch.Tensor]:
+    def clipped_sums(self, factors: torch.Tensor,
+                     into: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """``{"weight": Σ_i c_i ∇W_i, "bias": Σ_i c_i ∇b_i}`` in the parameters' shapes, for the
-        trainable parameters; zeros for a layer that did not influence the loss."""
+        trainable parameters; zeros for a layer that did not influence the loss.
+
+        ``into`` (parameter name → a tensor of that parameter's shape): add each sum to that
+        tensor in place and return it, instead of allocating the sum (for a Linear layer on
+        (B, D) the matmul accumulates into it directly: one multi-MB pass less per step)."""
         out = {}
+        into = into or {}
         for pname, p in self.layer.named_parameters(recurse=False):
             if not p.requires_grad:
                 continue
-            if pname in self.per_example:
-                out[pname] = _weighted_sum(factors, self.per_example[pname], p.shape)
-            elif pname == "weight" and self.scaled_records is not None:
-                out[pname] = _total(_conv_weight_grad(self.layer, a, g * factors.view(-1, 1, 1, 1))
-                                    for a, g in self.scaled_records)
-            elif pname == "weight" and self.a is not None:
-                scaled = self.g * factors.view(-1, *([1] * (self.g.dim() - 1)))
-                if self.a.dim() == 2:
+            acc = into.get(pname)
+            if pname == "weight" and self.a is not None and self.a.dim() == 2 and self.scaled_records is None:
+                scaled = self.g * factors.view(-1, 1)
+                if acc is None:
                     out[pname] = torch.mm(scaled.t(), self.a).reshape(p.shape)
                 else:
-                    out[pname] = torch.einsum("bol,bil->oi", scaled, self.a).reshape(p.shape)
+                    acc.view(self.g.shape[1], self.a.shape[1]).addmm_(scaled.t(), self.a)
+                    out[pname] = acc
+                continue
+            if pname in self.per_example:
+                value = _weighted_sum(factors, self.per_example[pname], p.shape)
+            elif pname == "weight" and self.scaled_records is not None:
+                value = _total(_conv_weight_grad(self.layer, a, g * factors.view(-1, 1, 1, 1))
+                               for a, g in self.scaled_records)
+            elif pname == "weight" and self.a is not None:
+                scaled = self.g * factors.view(-1, *([1] * (self.g.dim() - 1)))
+                value = torch.einsum("bol,bil->oi", scaled, self.a).reshape(p.shape)
             else:
-                out[pname] = torch.zeros_like(p)
+                value = None
+            if acc is not None:
+                out[pname] = acc if value is None else acc.add_(value)
+            else:
+                out[pname] = torch.zeros_like(p) if value is None else value
         return out
