@@ -5,7 +5,8 @@
 
 Each engine trains its own copy of the same initial model on the same seeded random batches
 (3x32x32, 10 classes): warm-up steps first, then timed steps, the engines taking turns step by
-step; samples/s = B / median step time (the JSON also has B / mean step time).
+step in a seeded random order that changes every round; samples/s = B / median step time (the
+JSON also has B / mean step time).
 An engine that cannot run the model is reported as "unsupported: <reason>", not a crash.
 
 The process runs with the glibc malloc settings raysim applies wherever it trains
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import random
 import statistics
 import time
 import warnings
@@ -119,8 +121,8 @@ def _reason(err: Exception) -> str:
 
 
 def run(args: argparse.Namespace) -> list[dict]:
-    """Warm up every engine, then time them round-robin, one step each per round, so that a
-    change in machine load hits all engines alike; samples/s uses the median step time."""
+    """Warm up every engine, then time them in rounds, one step each per round in a shuffled order,
+    so that a change in machine load hits all engines alike; samples/s uses the median step time."""
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     tuned = tune_malloc() if args.malloc_tuning else False
@@ -144,8 +146,13 @@ def run(args: argparse.Namespace) -> list[dict]:
                 steps[k], times[k] = step, []
             except Exception as err:  # a benchmark row, not a crash: report why the engine cannot run
                 rows[k]["error"] = f"unsupported: {_reason(err)}"
+        order = random.Random(args.seed)
         for i in range(args.steps):
-            for k in list(steps):
+            # A fresh order each round: no engine always follows the same one (a step right after a
+            # memory-hungry engine's runs slower, whichever engine it is).
+            turn = list(steps)
+            order.shuffle(turn)
+            for k in turn:
                 start = time.perf_counter()
                 try:
                     steps[k](*batches[i % len(batches)])

@@ -4,10 +4,10 @@ next to plain SGD's forward and backward on the same model and batches.
     python experiments/bench/engine_profile.py [--threads 2] [--model cnn] [--lldm] [--steps 25] [--cpu-time]
         [--no-malloc-tuning]
 
-It replays the engine's phases (forward with hooks, backward to the layer outputs, each layer's
-per-example norms, clip factors, each layer's clipped sum, noise, optimiser step) with the
-engine's own per-layer code, alternating with a plain step; min and median over the timed steps
-(the first 3 dropped). ``--cpu-time`` uses the calling thread's CPU time instead of wall time,
+It replays the engine's phases (noise, forward with hooks, backward to the layer outputs, each
+layer's per-example norms, clip factors, each layer's clipped sum added to the noise, optimiser
+step) with the engine's own per-layer code, alternating with a plain step; min and median over
+the timed steps (the first 3 dropped). ``--cpu-time`` uses the calling thread's CPU time instead of wall time,
 which a loaded machine disturbs less (meaningful with ``--threads 1`` only).
 """
 
@@ -61,7 +61,12 @@ def main(argv: list[str] | None = None) -> None:
         return now
 
     def dp_step(x, y):
+        # privatize's order: the noise (σC/B, σ = C = 1) first, then the engine adds (c_i/B)·g_i into it
         t = clock()
+        params = list(model.parameters())
+        scale = 1.0 / x.shape[0]
+        noise = {id(p): torch.empty(p.shape).normal_(0.0, scale, generator=noise_gen) for p in params}
+        t = lap("noise", t)
         records = {id(m): [] for m in layers}
         hooks = [m.register_forward_hook(lambda mod, i, o: records[id(mod)].append((i[0].detach(), o)))
                  for m in layers]
@@ -79,15 +84,13 @@ def main(argv: list[str] | None = None) -> None:
                 stats.append(LayerStats(m, pairs[id(m)], x.shape[0], torch.float32, x.device))
                 t = lap(f"norms {names[id(m)]}", t)
             factors, _ = clip_factors(torch.stack([s.sq_norm for s in stats], 1).sqrt(), 1.0)
+            factors = factors * scale
             t = lap("clip factors", t)
-            sums = {}
             for k, s in enumerate(stats):
-                for pname, value in s.clipped_sums(factors[:, k].contiguous()).items():
-                    sums[id(getattr(s.layer, pname))] = value
+                into = {pname: noise[id(p)] for pname, p in s.layer.named_parameters(recurse=False)}
+                for pname, value in s.clipped_sums(factors[:, k].contiguous(), into).items():
+                    getattr(s.layer, pname).grad = value
                 t = lap(f"clipped sum {names[id(s.layer)]}", t)
-            for p in model.parameters():
-                p.grad = torch.randn(p.shape, generator=noise_gen).mul_(1.0).add_(sums[id(p)]).div_(x.shape[0])
-            t = lap("noise", t)
         opt.step()
         lap("optimiser step", t)
 
