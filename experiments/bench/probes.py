@@ -1,7 +1,8 @@
 """Small measurements behind the README's performance notes, one sub-command each.
 
     python experiments/bench/probes.py noise           # Gaussian draws for the CNN's 2.16 M parameters
-    python experiments/bench/probes.py noise-in-step   # bk step: serial draw vs a 2-thread chunked draw
+    python experiments/bench/probes.py noise-in-step   # bk step: serial draw, 2-thread chunked, background
+    python experiments/bench/probes.py spin            # 2-thread chunked draw right after a parallel op
     python experiments/bench/probes.py actor-start     # 10 Ray actors, bare vs importing torch
     python experiments/bench/probes.py transfer        # 5 model deltas back from an actor: tensors vs arrays
     python experiments/bench/probes.py client-cost     # fit of a client's round time on the digits quickstart
@@ -87,11 +88,23 @@ def noise_in_step(args) -> None:
 
     serial_draw = clipping._gaussian_like
     pool = ThreadPoolExecutor(2)
-    spent: dict[str, list[float]] = {"serial draw": [], "chunked draw": []}
+    spent: dict[str, list[float]] = {"serial draw": [], "chunked draw": [], "background draw (wait)": []}
 
     def chunked(grads, std, generator):
         flat = _chunked_normal(sum(g.numel() for g in grads), generator, pool).mul_(std)
         return [part.view(g.shape) for part, g in zip(flat.split([g.numel() for g in grads]), grads)]
+
+    ahead = ThreadPoolExecutor(1)
+    pending: list = []
+
+    def background(grads, std, generator):
+        """The next step's noise is drawn on another thread while this step computes (its own
+        generator, so the bits differ from the serial draw's; this measures time only)."""
+        shapes = [g.shape for g in grads]
+        draw = lambda: [torch.randn(shape, generator=generator) for shape in shapes]  # noqa: E731
+        noise = pending.pop().result() if pending else draw()
+        pending.append(ahead.submit(draw))
+        return [n.mul_(std) for n in noise]
 
     def timed(name, draw):
         def call(*a):
@@ -118,12 +131,39 @@ def noise_in_step(args) -> None:
 
     dp_step.ENGINES = [e for e in dp_step.ENGINES if e[0] == "plain"] + [
         ("bk", "raysim per-sample (bk), serial draw", engine(timed("serial draw", serial_draw))),
-        ("bk-chunked", "raysim per-sample (bk), chunked 2-thread draw", engine(timed("chunked draw", chunked)))]
-    dp_step.main(["--threads", "2", "--steps", str(args.steps), "--engines", "bk,bk-chunked"])
+        ("bk-chunked", "raysim per-sample (bk), chunked 2-thread draw", engine(timed("chunked draw", chunked))),
+        ("bk-background", "raysim per-sample (bk), next step's noise drawn on a background thread",
+         engine(timed("background draw (wait)", background)))]
+    dp_step.main(["--threads", "2", "--steps", str(args.steps), "--engines", "bk,bk-chunked,bk-background"])
     print("\n| noise draw inside the step | median ms |\n|---|---|")
     for name, values in spent.items():
         print(f"| {name} | {statistics.median(values) * 1e3:.2f} |")
     print(f"\nGOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT', '(unset)')}")
+
+
+def spin(args) -> None:
+    """How long libgomp's worker keeps the second core busy after a parallel region: a 2-thread
+    chunked draw right after a parallel op, and after sleeping a while first."""
+    torch.set_num_threads(2)
+    pool = ThreadPoolExecutor(2)
+    gen = torch.Generator().manual_seed(0)
+    big = torch.randn(4_000_000)
+    print("| before the 2-thread chunked draw | median ms |\n|---|---|")
+    for label, parallel_op, pause in (("20 ms sleep, no parallel op", False, 0.02),
+                                      ("a parallel op", True, 0.0),
+                                      ("a parallel op, then 2 ms sleep", True, 0.002),
+                                      ("a parallel op, then 5 ms sleep", True, 0.005),
+                                      ("a parallel op, then 10 ms sleep", True, 0.01)):
+        times = []
+        for _ in range(30):
+            if parallel_op:
+                big.mul_(1.0001)
+            if pause:
+                time.sleep(pause)
+            start = time.perf_counter()
+            _chunked_normal(CNN_PARAMS, gen, pool)
+            times.append(time.perf_counter() - start)
+        print(f"| {label} | {statistics.median(times) * 1e3:.2f} |")
 
 
 def actor_start(args) -> None:
@@ -200,6 +240,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="probe", required=True)
     sub.add_parser("noise")
+    sub.add_parser("spin")
     step = sub.add_parser("noise-in-step")
     step.add_argument("--steps", type=int, default=40)
     start = sub.add_parser("actor-start")
@@ -209,7 +250,7 @@ def main() -> None:
     cost = sub.add_parser("client-cost")
     cost.add_argument("--rounds", type=int, default=12)
     args = parser.parse_args()
-    {"noise": noise, "noise-in-step": noise_in_step, "actor-start": actor_start, "transfer": transfer,
+    {"noise": noise, "noise-in-step": noise_in_step, "spin": spin, "actor-start": actor_start, "transfer": transfer,
      "client-cost": client_cost}[args.probe](args)
 
 
