@@ -6,7 +6,8 @@
 Each engine trains its own copy of the same initial model on the same seeded random batches
 (3x32x32, 10 classes): warm-up steps first, then timed steps, the engines taking turns step by
 step in a seeded random order that changes every round; samples/s = B / median step time (the
-JSON also has B / mean step time).
+JSON also has B / mean step time). Minor page faults per step are the process's, counted around
+each timed step.
 An engine that cannot run the model is reported as "unsupported: <reason>", not a crash.
 
 The process runs with the glibc malloc settings raysim applies wherever it trains
@@ -21,6 +22,7 @@ import argparse
 import copy
 import json
 import random
+import resource
 import statistics
 import time
 import warnings
@@ -133,9 +135,11 @@ def run(args: argparse.Namespace) -> list[dict]:
     engines = [e for e in ENGINES if e[0] == "plain" or e[0] in args.engines]
     rows = [{"engine": name, "key": key, "model": args.model, "lldm": args.lldm, "threads": torch.get_num_threads(),
              "batch_size": args.batch_size, "samples_per_s": None, "mean_samples_per_s": None,
-             "malloc_tuning": tuned, "ratio_to_plain": None, "error": None} for key, name, _ in engines]
+             "malloc_tuning": tuned, "minor_faults_per_step": None, "ratio_to_plain": None, "error": None}
+            for key, name, _ in engines]
     steps: dict[int, Step] = {}
     times: dict[int, list[float]] = {}
+    faults: dict[int, int] = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for k, (_, _, factory) in enumerate(engines):
@@ -143,7 +147,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                 step = factory(copy.deepcopy(init), args)
                 for i in range(args.warmup):
                     step(*batches[i % len(batches)])
-                steps[k], times[k] = step, []
+                steps[k], times[k], faults[k] = step, [], 0
             except Exception as err:  # a benchmark row, not a crash: report why the engine cannot run
                 rows[k]["error"] = f"unsupported: {_reason(err)}"
         order = random.Random(args.seed)
@@ -153,6 +157,7 @@ def run(args: argparse.Namespace) -> list[dict]:
             turn = list(steps)
             order.shuffle(turn)
             for k in turn:
+                faulted = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                 start = time.perf_counter()
                 try:
                     steps[k](*batches[i % len(batches)])
@@ -161,9 +166,11 @@ def run(args: argparse.Namespace) -> list[dict]:
                     del steps[k]
                     continue
                 times[k].append(time.perf_counter() - start)
+                faults[k] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faulted
     for k in steps:
         rows[k]["samples_per_s"] = args.batch_size / statistics.median(times[k])
         rows[k]["mean_samples_per_s"] = args.batch_size * len(times[k]) / sum(times[k])
+        rows[k]["minor_faults_per_step"] = faults[k] / len(times[k])
     plain = rows[0]["samples_per_s"]
     for row in rows:
         if row["samples_per_s"] is not None and plain:
@@ -172,12 +179,13 @@ def run(args: argparse.Namespace) -> list[dict]:
 
 
 def _markdown(rows: list[dict]) -> str:
-    lines = ["| engine | samples/s | ratio to plain SGD |", "|---|---|---|"]
+    lines = ["| engine | samples/s | ratio to plain SGD | minor page faults / step |", "|---|---|---|---|"]
     for r in rows:
         if r["error"]:
-            lines.append(f"| {r['engine']} | {r['error']} | |")
+            lines.append(f"| {r['engine']} | {r['error']} | | |")
         else:
-            lines.append(f"| {r['engine']} | {r['samples_per_s']:.1f} | {r['ratio_to_plain']:.2f} |")
+            lines.append(f"| {r['engine']} | {r['samples_per_s']:.1f} | {r['ratio_to_plain']:.2f} | "
+                         f"{r['minor_faults_per_step']:.0f} |")
     return "\n".join(lines)
 
 

@@ -197,7 +197,10 @@ def awdp_layer_weights(norm_ema: np.ndarray) -> np.ndarray:
     arr = _finite_vector(norm_ema, "norm_ema")
     if np.any(arr < 0.0):
         raise ValueError(f"norm_ema must be >= 0, got {arr}")
-    total = float(np.linalg.norm(arr))
-    if total == 0.0:
+    largest = float(arr.max()) if arr.size else 0.0
+    if largest == 0.0:
         return np.full(arr.size, 1.0 / math.sqrt(arr.size))
-    return arr / total
+    # Scale by the largest entry first: squaring a norm near 1e-160 underflows to a subnormal,
+    # and Σ w_k² came out as 1 + 5e-9 (hypothesis found it).
+    scaled = arr / largest
+    return scaled / float(np.linalg.norm(scaled))

@@ -100,3 +100,10 @@ def test_awdp_weights_unit_norm_and_proportional(values):
     assert np.sum(w**2) == pytest.approx(1.0, rel=1e-12)
     if ema_norms.any():
         np.testing.assert_allclose(w * np.linalg.norm(ema_norms), ema_norms, rtol=1e-12, atol=1e-12)
+
+
+def test_awdp_weights_of_tiny_norms_stay_on_the_unit_sphere():
+    """Norms whose squares underflow to subnormals (the case hypothesis found in CI)."""
+    for values in ([6.881204475600867e-159], [1e-300, 2e-300], [5e-324, 1.0]):
+        w = awdp_layer_weights(np.array(values))
+        assert np.sum(w**2) == pytest.approx(1.0, rel=1e-12)
