@@ -4,10 +4,10 @@ By default glibc serves every allocation above a (dynamic) threshold of 128 kB t
 ``mmap`` and gives it back with ``munmap`` when freed, and it trims freed memory at the top of the
 heap. A DP step allocates many such buffers (the noise, the per-example conv gradients, the
 clipped sums, autograd's activations and output gradients), so every step pays a page fault per
-4 kB page of each of them again: on the paper CNN at batch 64 with 2 threads, thousands of minor
-faults and several ms of system time per ``bk`` step, and next to none with the settings below
-(the page-fault column of ``python experiments/bench/dp_step.py --no-malloc-tuning`` against its
-default; the README's Performance section has the numbers; ``tests/unit/runtime/test_allocator.py``).
+4 kB page of each of them again: on the paper CNN at batch 64 with 2 threads, 5,748 minor faults
+per ``bk`` step, against 131 with the settings below (the page-fault column of
+``python experiments/bench/dp_step.py --no-malloc-tuning`` against its default, one run each;
+``tests/unit/runtime/test_allocator.py``).
 
 :func:`tune_malloc` raises the mmap threshold to :data:`MMAP_THRESHOLD` and the trim threshold to
 :data:`TRIM_THRESHOLD` with ``mallopt``: buffers below 64 MiB come from the heap and are reused, and
