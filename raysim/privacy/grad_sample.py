@@ -205,7 +205,6 @@ class BookKeepingEngine:
         if x.shape[0] == 0:
             return _empty_result(model, x, clip_norm, per_layer, out)
         _thresholds(clip_norm, per_layer, len(layers))
-        accumulate = out
 
         records: dict[int, list[tuple[torch.Tensor, torch.Tensor, int]]] = {id(m): [] for m in layers}
 
@@ -230,10 +229,10 @@ class BookKeepingEngine:
                 h.remove()
         loss_sum = F.cross_entropy(logits, y, reduction="sum")
 
-        outputs = [out for recs in records.values() for (_, out, _) in recs]
+        outputs = [output for recs in records.values() for (_, output, _) in recs]
         for layer in layers:
-            for _, out, version in records[id(layer)]:
-                if out._version != version:
+            for _, output, version in records[id(layer)]:
+                if output._version != version:
                     raise ValueError(f"the output of module {names.get(id(layer))!r} was modified in place "
                                      "(e.g. ReLU(inplace=True)); grad-sample engine 'bk' needs it intact")
         needs_grad = [o for o in outputs if o.requires_grad]
@@ -248,8 +247,8 @@ class BookKeepingEngine:
         stats = []
         with torch.no_grad():
             for layer in layers:
-                pairs = [(a, out_grads[id(out)]) for a, out, _ in records[id(layer)]
-                         if out_grads[id(out)] is not None]
+                pairs = [(a, out_grads[id(output)]) for a, output, _ in records[id(layer)]
+                         if out_grads[id(output)] is not None]
                 stats.append(LayerStats(layer, pairs, batch, dtype, device))
             per_layer_norms = torch.stack([s.sq_norm for s in stats], dim=1).clamp(min=0).sqrt()
             factors, num_clipped = clip_factors(per_layer_norms, clip_norm, per_layer)
@@ -259,14 +258,14 @@ class BookKeepingEngine:
             index = {id(p): j for j, p in enumerate(params)}
             grads: list[torch.Tensor | None] = [None] * len(params)
             for k, s in enumerate(stats):
-                into = None if accumulate is None else {
-                    pname: accumulate[index[id(p)]] for pname, p in s.layer.named_parameters(recurse=False)}
+                into = None if out is None else {
+                    pname: out[index[id(p)]] for pname, p in s.layer.named_parameters(recurse=False)}
                 for pname, value in s.clipped_sums(factors[:, k].contiguous(), into).items():
                     j = index[id(getattr(s.layer, pname))]
                     if grads[j] is None:
                         grads[j] = value
-            fill = (lambda j, p: torch.zeros_like(p)) if accumulate is None else (lambda j, p: accumulate[j])
-            grads = [fill(j, p) if gr is None else gr.detach() for j, (p, gr) in enumerate(zip(params, grads))]
+            grads = [gr.detach() if gr is not None else torch.zeros_like(p) if out is None else out[j]
+                     for j, (p, gr) in enumerate(zip(params, grads))]
         return ClippedGrads(grads=grads, per_example_norms=per_layer_norms.pow(2).sum(1).sqrt(),
                             num_clipped=num_clipped, loss_sum=float(loss_sum.detach()),
                             per_layer_norms=per_layer_norms)
