@@ -276,14 +276,7 @@ class LayerStats:
             if not p.requires_grad:
                 continue
             acc = into.get(pname)
-            if pname == "weight" and self.a is not None and self.a.dim() == 2 and self.scaled_records is None:
-                scaled = self.g * factors.view(-1, 1)
-                if acc is None:
-                    out[pname] = torch.mm(scaled.t(), self.a).reshape(p.shape)
-                else:
-                    acc.view(self.g.shape[1], self.a.shape[1]).addmm_(scaled.t(), self.a)
-                    out[pname] = acc
-                continue
+            value = None
             if pname in self.per_example:
                 value = _weighted_sum(factors, self.per_example[pname], p.shape)
             elif pname == "weight" and self.scaled_records is not None:
@@ -291,9 +284,11 @@ class LayerStats:
                                for a, g in self.scaled_records)
             elif pname == "weight" and self.a is not None:
                 scaled = self.g * factors.view(-1, *([1] * (self.g.dim() - 1)))
-                value = torch.einsum("bol,bil->oi", scaled, self.a).reshape(p.shape)
-            else:
-                value = None
+                if self.a.dim() == 2 and acc is not None:
+                    out[pname] = acc.addmm_(scaled.t(), self.a)     # Linear on (B, D): sum straight into acc
+                    continue
+                value = (torch.mm(scaled.t(), self.a) if self.a.dim() == 2
+                         else torch.einsum("bol,bil->oi", scaled, self.a)).reshape(p.shape)
             if acc is not None:
                 out[pname] = acc if value is None else acc.add_(value)
             else:
