@@ -91,6 +91,8 @@ class LLDMConfig:
 
 
 ADPC_STATISTICS = ("example_norm_median", "update_norm", "update_norm_per_step", "update_norm_denoised")
+ADPC_READS = ("per_client", "pooled")
+ADPC_STEPS = ("coupled", "normalized")
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,8 @@ class ADPCConfig:
     histogram_min: float = 1e-3
     histogram_max: float = 1e3
     histogram_noise_multiplier: float = 25.0  # (R) σ_h of the per-round histogram release (sensitivity 1); see docs/methods.md
+    read: str = "per_client"           # (R) per_client (each histogram's quantile, then their median) | pooled (quantile of the summed histograms)
+    step: str = "coupled"              # (R) coupled (local lr fixed) | normalized (local lr scaled by C^(0)/C^(t))
 
 
 @dataclass(frozen=True)
@@ -332,6 +336,11 @@ def validate(cfg: Config) -> Config:
     if cfg.cra.utility == "server_val_f1" and d.server_holdout == 0:
         _fail("data.server_holdout", "cra.utility=server_val_f1 scores uploads on the public server hold-out; "
                                      "set data.server_holdout > 0 (e.g. 500) or leave it unset")
+    _choice("adpc.read", cfg.adpc.read, ADPC_READS)
+    if cfg.adpc.read == "pooled" and cfg.adpc.statistic != "example_norm_median":
+        _fail("adpc.read", f"pooled sums the clients' norm histograms, which only adpc.statistic=example_norm_median "
+                           f"uploads; got adpc.statistic={cfg.adpc.statistic}")
+    _choice("adpc.step", cfg.adpc.step, ADPC_STEPS)
     if not 0 < cfg.adpc.smoothing <= 1:
         _fail("adpc.smoothing", f"must be in (0, 1], got {cfg.adpc.smoothing}")
     if not 0 < cfg.adpc.c_min <= cfg.adpc.c0:
@@ -446,6 +455,8 @@ def server_holdout_size(cfg: Config) -> int:
 
 
 _RUNTIME_KEYS_ADDED_LATER = ("eval_on", "malloc_tuning")
+#: ADPC keys added later, with the value that reproduces the behaviour from before they existed.
+_ADPC_KEYS_ADDED_LATER = {"read": "per_client", "step": "coupled"}
 
 
 def result_hash(cfg: Config) -> str:
@@ -457,6 +468,9 @@ def result_hash(cfg: Config) -> str:
     # results written before the keys existed.
     for key in _RUNTIME_KEYS_ADDED_LATER:
         del values["runtime"][key]
+    for key, legacy in _ADPC_KEYS_ADDED_LATER.items():
+        if values["adpc"][key] == legacy:   # that behaviour keeps the run ids it had before the key existed
+            del values["adpc"][key]
     if cfg.clients_per_round is None:
         # Full participation: `participation` changes nothing, and leaving both keys out keeps the run ids
         # of results written before the keys existed (their runs resume into the same rows).
