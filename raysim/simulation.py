@@ -217,7 +217,7 @@ class Simulation:
         # ε per client, updated only for the clients whose ledger changed in a round.
         self.epsilons = np.full(cfg.num_clients, 0.0 if self.clipping != "none" else math.inf)
         self.model = model_for(cfg, train.info, self.spec.lldm(cfg))
-        init_parameters(self.model, torch_generator(cfg.seed, "model-init"))
+        init_parameters(self.model, torch_generator(cfg.train_seed, "model-init"))
         self.info = test.info
         test_x, test_y = test.x, test.y
         if cfg.data.test_subsample is not None and cfg.data.test_subsample < len(test_y):
