@@ -56,7 +56,7 @@ def test_default_model_keeps_run_ids_of_configs_without_the_key():
     data = dataclasses.replace(cfg.data, root=None, cache_dir=None, download=False)
     values = dataclasses.asdict(cfg.replace(runtime=RuntimeConfig(), data=data))
     assert values.pop("model") == "cnn"
-    for newer in ("eval_every", "clients_per_round", "participation"):   # defaults left out the same way
+    for newer in ("eval_every", "clients_per_round", "participation", "replicate"):   # defaults left out the same way
         values.pop(newer)
     values["runtime"].pop("eval_on")
     values["runtime"].pop("malloc_tuning")
