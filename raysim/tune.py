@@ -451,8 +451,10 @@ def released(tune: TuneSpec, runs: Sequence[PlannedRun], rows: Mapping[str, Mapp
 
 
 def tuning_rows(tune: TuneSpec, tune_id: str, runs: Sequence[PlannedRun],
-                rows: Mapping[str, Mapping[str, Any] | None], chosen_ids: set[str]) -> list[dict[str, Any]]:
-    """The ``tuning`` table: one row per planned run (candidate, stage, seed, objective, chosen)."""
+                rows: Mapping[str, Mapping[str, Any] | None], chosen_ids: set[str],
+                released_epsilons: Mapping[tuple[str, int], float] | None = None) -> list[dict[str, Any]]:
+    """The ``tuning`` table: one row per planned run (candidate, stage, seed, objective, chosen).
+    ``released_epsilons``: private mode, ε of each (contestant, seed)'s released model, tuning included."""
     scores = candidate_scores(tune, [r for r in runs if r.stage == "search"], rows)
     out = []
     for r in runs:
@@ -466,7 +468,10 @@ def tuning_rows(tune: TuneSpec, tune_id: str, runs: Sequence[PlannedRun],
             "objective": _score(row, tune.objective_column),
             "candidate_objective": scores.get((r.contestant, r.candidate), math.nan) if r.stage == "search" else math.nan,
             "test_accuracy": _score(row, "final_test_accuracy"), "test_f1": _score(row, "final_test_f1"),
-            "epsilon": _score(row, "epsilon"), "chosen": r.run_id in chosen_ids,
+            "epsilon": _score(row, "epsilon"),
+            "released_epsilon": (released_epsilons or {}).get((r.contestant, r.seed), math.nan)
+            if r.stage == "private" else math.nan,
+            "reference": tune.reference, "private": tune.private, "chosen": r.run_id in chosen_ids,
         })
     return out
 
@@ -486,26 +491,29 @@ def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float,
     return mean, std, mean - half, mean + half
 
 
-def summarise(tune: TuneSpec, table: Sequence[Mapping[str, Any]], stage: str, metric: str = "test_accuracy"
+def summarise(table: Sequence[Mapping[str, Any]], stage: str, metric: str = "test_accuracy"
               ) -> list[dict[str, Any]]:
-    """Per contestant: mean ± std and 95 % CI of ``metric`` over the final seeds for ``stage``
-    (``final``/``private``: tuned; ``fixed``: base config), and the paired difference to the reference
-    contestant over the seeds both completed (same seeds, same partitions)."""
+    """Per contestant of a tune's ``tuning`` rows: mean ± std and 95 % CI of ``metric`` over the final
+    seeds for ``stage`` (``final``/``private``: tuned; ``fixed``: base config), and the paired difference
+    to the tune's reference contestant over the seeds both completed (same seeds, same partitions)."""
     def reported(r: Mapping[str, Any]) -> bool:   # private mode reports the released draw only
-        return r["stage"] == stage and (stage != "private" or r["chosen"])
+        return r["stage"] == stage and (stage != "private" or bool(r["chosen"]))
 
     def per_seed(label: str) -> dict[int, float]:
-        return {r["seed"]: r[metric] for r in table
+        return {int(r["seed"]): float(r[metric]) for r in table
                 if r["contestant"] == label and reported(r) and math.isfinite(r[metric])}
+    labels = list(dict.fromkeys(r["contestant"] for r in table))
+    reference = next((r["reference"] for r in table if r.get("reference")), None)
     out = []
-    ref = per_seed(tune.reference) if tune.reference else {}
-    for c in tune.contestants:
-        got = per_seed(c.label)
+    ref = per_seed(reference) if reference else {}
+    for label in labels:
+        got = per_seed(label)
         mean, std, lo, hi = mean_ci(list(got.values()))
-        chosen = sorted({r["candidate"] for r in table if r["contestant"] == c.label and reported(r)})
-        row = {"contestant": c.label, "method": c.method, "chosen": "; ".join(chosen), "seeds": len(got), "mean": mean,
+        chosen = sorted({r["candidate"] for r in table if r["contestant"] == label and reported(r)})
+        method = next(r["method"] for r in table if r["contestant"] == label)
+        row = {"contestant": label, "method": method, "chosen": "; ".join(chosen), "seeds": len(got), "mean": mean,
                "std": std, "ci_low": lo, "ci_high": hi}
-        if tune.reference and c.label != tune.reference:
+        if reference and label != reference:
             both = sorted(set(got) & set(ref))
             d_mean, _, d_lo, d_hi = mean_ci([got[s] - ref[s] for s in both])
             row.update(diff=d_mean, diff_low=d_lo, diff_high=d_hi, paired=len(both))

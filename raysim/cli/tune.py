@@ -50,7 +50,7 @@ def _ci(row: Mapping[str, Any], lo: str, hi: str) -> str:
 def print_comparison(tune: Any, table: list[dict[str, Any]], stage: str, title: str) -> None:
     from raysim.tune import summarise
     metric = "test_accuracy" if tune.objective == "accuracy" else "test_f1"
-    rows = summarise(tune, table, stage, metric)
+    rows = summarise(table, stage, metric)
     for r in rows:
         r["mean_std"] = "" if math.isnan(r["mean"]) else f"{r['mean']:.4f} ± {format_cell(r['std']) or '—'}"
         r["ci"] = _ci(r, "ci_low", "ci_high")

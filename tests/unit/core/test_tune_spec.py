@@ -115,7 +115,7 @@ def test_summary_intervals_and_paired_differences_match_scipy():
                 ("feddimdp", 0): 0.71, ("feddimdp", 1): 0.66, ("feddimdp", 2): 0.60}
     rows = _rows(tune, final, lambda label, lr, seed: 1 - test_acc[(label, seed)])
     table = tuning_rows(tune, "tid", final, rows, {r.run_id for r in final})
-    got = {r["contestant"]: r for r in summarise(tune, table, "final")}
+    got = {r["contestant"]: r for r in summarise(table, "final")}
     x = np.array([0.71, 0.66, 0.60])
     ref = np.array([0.80, 0.70, 0.75])
     lo, hi = stats.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=stats.sem(x))
