@@ -480,6 +480,13 @@ _RUNTIME_KEYS_ADDED_LATER = ("eval_on", "malloc_tuning")
 _ADPC_KEYS_ADDED_LATER = {"read": "per_client", "step": "coupled"}
 
 
+def _adpc_runs(cfg: Config) -> bool:
+    """Whether ADPC runs (FedDimDP or one of its presets with the switch on): only then do its keys
+    added later enter the run id, so no other method's run id moves with their defaults."""
+    family = cfg.method == "feddimdp" or cfg.method.startswith("feddimdp-")
+    return family and cfg.method != "feddimdp-no-adpc" and cfg.feddimdp.on("adpc")
+
+
 def result_hash(cfg: Config) -> str:
     """Hash of the result-relevant config. Where and how fast a run executes does not change its
     results (the determinism test), so the runtime section and data paths are not part of it."""
@@ -490,7 +497,8 @@ def result_hash(cfg: Config) -> str:
     for key in _RUNTIME_KEYS_ADDED_LATER:
         del values["runtime"][key]
     for key, legacy in _ADPC_KEYS_ADDED_LATER.items():
-        if values["adpc"][key] == legacy:   # that behaviour keeps the run ids it had before the key existed
+        # The earlier behaviour, or no ADPC at all: the run id the config had before the key existed.
+        if values["adpc"][key] == legacy or not _adpc_runs(cfg):
             del values["adpc"][key]
     if cfg.clients_per_round is None:
         # Full participation: `participation` changes nothing, and leaving both keys out keeps the run ids

@@ -182,14 +182,13 @@ def test_the_options_cost_no_privacy():
                                   plan_noise(spec, base, "per_sample", q, steps))
 
 
-def test_the_legacy_values_keep_their_run_ids_and_the_others_get_new_ones():
-    """per_client + coupled is the behaviour from before the keys existed: results written then resume
-    into the same run ids (these two were computed by the code without the keys)."""
-    legacy = config_from_dict({"method": "feddimdp", "adpc": {"read": "per_client", "step": "coupled"}})
-    assert run_id_for(legacy) == "feddimdp-digits-s0-d859849e81"
-    assert run_id_for(config_from_dict({"method": "feddimdp", "lr": 0.3, "adpc": {
-        "histogram_bins": 24, "read": "per_client", "step": "coupled"}})) == "feddimdp-digits-s0-db521e7df7"
-    ids = {run_id_for(legacy)}
-    for adpc in ({"read": "pooled"}, {"step": "normalized"}, {"read": "pooled", "step": "normalized"}):
-        ids.add(run_id_for(config_from_dict({"method": "feddimdp", "adpc": adpc})))
+def test_the_options_get_their_own_run_ids():
+    """Each option is a different experiment. (That per_client + coupled, the behaviour from before the
+    keys existed, keeps the earlier run ids is checked with the other added keys in tests/unit/core/test_config.py.)"""
+    ids = {run_id_for(config_from_dict({"method": "feddimdp", "lr": 0.3, "adpc": {"read": r, "step": s}}))
+           for r in ("per_client", "pooled") for s in ("coupled", "normalized")}
     assert len(ids) == 4
+    for method, extra in [("fedsa", {}), ("feddimdp-no-adpc", {}), ("feddimdp", {"feddimdp": {"adpc": False}})]:
+        same = {run_id_for(config_from_dict({"method": method, **extra, "adpc": {"read": r, "step": s}}))
+                for r in ("per_client", "pooled") for s in ("coupled", "normalized")}
+        assert len(same) == 1, method          # without ADPC the keys change nothing, nor the run id
