@@ -298,6 +298,14 @@ class CandidateCount:
             return float(self.mu)
         return _tnb_mean(float(self.eta), float(self.gamma))
 
+    def describe(self) -> str:
+        """The distribution in words, e.g. ``the geometric distribution (η = 1, γ = 0.1)``."""
+        if self.distribution == "poisson":
+            return f"a Poisson distribution (μ = {self.mu:g})"
+        name = {0.0: "the logarithmic distribution", 1.0: "the geometric distribution"}.get(
+            float(self.eta), "a truncated negative binomial distribution")
+        return f"{name} (η = {self.eta:g}, γ = {self.gamma:.6g})"
+
     @property
     def shape(self) -> float:
         """``dp_accounting``'s ``RepeatAndSelectDpEvent.shape``: η, or ∞ for Poisson."""

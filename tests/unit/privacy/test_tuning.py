@@ -71,8 +71,7 @@ def test_truncated_negative_binomial_bound_by_hand():
         np.testing.assert_allclose(got, expected_rdp, rtol=1e-9)
         got_eps = tuned_epsilon([gaussian_curve(HAND_ORDERS)], HAND_ORDERS, DELTA, count)
         assert got_eps == pytest.approx(hand_epsilon(HAND_ORDERS, expected_rdp, DELTA), rel=1e-12)
-    # The geometric case with these numbers, as stated in docs/privacy.md-style terms: σ = 2, T = 10,
-    # E[K] = 10: the best λ̂ is 1.5, and the released model's ε is larger than one run's.
+    # The released model's ε is larger than one run's.
     single = hand_epsilon(HAND_ORDERS, gaussian_curve(HAND_ORDERS), DELTA)
     assert tuned_epsilon(gaussian_curve(HAND_ORDERS), HAND_ORDERS, DELTA, tnb(1, gamma=0.1)) > single
 
@@ -175,6 +174,13 @@ def test_sample_mean_matches_mean(count):
     assert abs(draws.mean() - dist.mean) < 5 * stderr
     if dist.distribution != "poisson":
         assert draws.min() >= 1
+
+
+def test_describe():
+    assert tnb(1, mean=10).describe() == "the geometric distribution (η = 1, γ = 0.1)"
+    assert tnb(0, gamma=0.05).describe() == "the logarithmic distribution (η = 0, γ = 0.05)"
+    assert tnb(2.5, gamma=0.05).describe() == "a truncated negative binomial distribution (η = 2.5, γ = 0.05)"
+    assert poisson(10).describe() == "a Poisson distribution (μ = 10)"
 
 
 def test_mean_is_the_pmf_mean():
