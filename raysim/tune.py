@@ -248,8 +248,13 @@ def parse_tune(spec: Mapping[str, Any], *, name: str, base_dir: Path = Path(".")
         raise ConfigError(f"tune key 'search_seed': expected an integer >= 0, got {seed!r}")
     tune = TuneSpec(str(spec.get("name") or name), values, contestants, spaces, search, budget, seed,
                     tuning_seeds, final_seeds, objective, reference, private, count)
+    from raysim.experiment import check_config
     for c in contestants:   # the base config and a candidate of every contestant must be valid before anything runs
         cfg = config_for(tune, c, Candidate(()), final_seeds[0])
+        try:
+            check_config(cfg)
+        except ValueError as exc:
+            raise ConfigError(f"tune contestant {c.label}: {exc}") from None
         config_for(tune, c, candidates(tune, c)[0], final_seeds[0])
         if not cfg.data.server_holdout:
             raise ConfigError("tune: the validation set is the public server hold-out; set data.server_holdout > 0 "
