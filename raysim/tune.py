@@ -50,6 +50,9 @@ _KEYS = ("name", "base", "set", "methods", "space", "method_space", "search", "b
 OBJECTIVES = {"accuracy": "final_val_accuracy", "f1": "final_val_f1"}
 #: test metric reported for each objective
 TEST_METRICS = {"accuracy": "final_test_accuracy", "f1": "final_test_f1"}
+#: Keys a private tune may search: none changes σ, the sample rates or the step counts, so every candidate of
+#: a contestant has the same RDP curve, and the drawn candidates' curves bound every candidate's.
+PRIVACY_NEUTRAL_KEYS = ("lr", "momentum", "privacy.clip_norm")
 DEFAULT_LR_SPAN = 30.0
 DEFAULT_LR_POINTS = 5
 
@@ -238,9 +241,15 @@ def parse_tune(spec: Mapping[str, Any], *, name: str, base_dir: Path = Path(".")
         if not isinstance(raw, Mapping):
             raise ConfigError("tune key 'candidates': expected {distribution: ..., ...}")
         try:
-            count = CandidateCount(**raw)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"tune key 'candidates': {exc}") from None
+            count = CandidateCount.from_mapping(raw, prefix="tune.candidates.")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        for label, entries in spaces.items():
+            odd = sorted(k for k, _ in entries if k not in PRIVACY_NEUTRAL_KEYS)
+            if odd:
+                raise ConfigError(f"tune: private tuning searches only keys that leave the privacy plan unchanged "
+                                  f"({', '.join(PRIVACY_NEUTRAL_KEYS)}), so that every candidate has the same RDP "
+                                  f"curve; contestant {label} searches {odd[0]}")
     elif spec.get("candidates") is not None:
         raise ConfigError("tune key 'candidates': the candidate-count distribution applies with private: true only")
     seed = spec.get("search_seed", 0)
