@@ -474,9 +474,12 @@ def tuning_rows(tune: TuneSpec, tune_id: str, runs: Sequence[PlannedRun],
     for r in runs:
         row = rows.get(r.run_id) or {}
         status = "diverged" if diverged(row) else (row.get("status") or "missing")
+        label = r.candidate.label
+        if r.stage == "fixed":   # the base config's values of the searched keys
+            label = "base: " + " ".join(f"{k}={_fmt(_value(r.cfg, k))}" for k, _ in space_of(tune, tune.contestant(r.contestant)))
         out.append({
             "tune_id": tune_id, "tune_name": tune.name, "contestant": r.contestant, "method": r.cfg.method,
-            "stage": r.stage, "candidate": r.candidate.label, "params": json.dumps(r.candidate.as_dict(), sort_keys=True),
+            "stage": r.stage, "candidate": label, "params": json.dumps(r.candidate.as_dict(), sort_keys=True),
             "lr": float(r.cfg.lr), "clip_norm": float(r.cfg.privacy.clip_norm), "seed": r.seed, "draw": r.draw,
             "run_id": r.run_id, "status": status, "objective_name": tune.objective,
             "objective": _score(row, tune.objective_column),
@@ -488,6 +491,13 @@ def tuning_rows(tune: TuneSpec, tune_id: str, runs: Sequence[PlannedRun],
             "reference": tune.reference, "private": tune.private, "chosen": r.run_id in chosen_ids,
         })
     return out
+
+
+def _value(cfg: Config, dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
 
 
 def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float, float]:
