@@ -56,6 +56,8 @@ def print_comparison(tune: Any, table: list[dict[str, Any]], stage: str, title: 
         r["ci"] = _ci(r, "ci_low", "ci_high")
         if "diff" in r:
             r["delta"] = "" if math.isnan(r["diff"]) else f"{r['diff']:+.4f} {_ci(r, 'diff_low', 'diff_high')}"
+        elif r["contestant"] == tune.reference:
+            r["delta"] = "reference"
     print(f"\n{title}")
     columns = [("contestant", "contestant"), ("chosen", "hyperparameters"), ("seeds", "seeds"),
                ("mean_std", f"test {tune.objective} mean ± std"), ("ci", "95% CI")]
