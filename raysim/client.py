@@ -105,14 +105,14 @@ class ClientRunner:
         task = dataclasses.replace(task, client_state=to_device(task.client_state, self.device))
         # A private copy: the parameters become views of it and are updated in place.
         vector_to_parameters(payload.start_weights.clone(), model.parameters())
-        seed, server_round, cid = self.cfg.seed, task.server_round, task.client_id
+        seed, server_round, cid = self.cfg.train_seed, task.server_round, task.client_id
         # The pre-round norm pass (ADPC's histogram, the adaptive-quantile bit): every example's gradient
         # norm at the round's starting model, before training and independent of its sampling and noise.
         norms = (example_norm_pass(model, x, y, engine=self.engine, batch_size=self.cfg.batch_size)
                  if any(u.needs_example_norms for u in self.uploads) else None)
         hooks = self.spec.client(self.cfg, payload, task)
         stats = local_train(model, x, y, hooks, clipping=self.clipping, engine=self.engine,
-                            per_layer=self.spec.per_layer_clipping, seed=self.cfg.seed, client_id=task.client_id)
+                            per_layer=self.spec.per_layer_clipping, seed=self.cfg.train_seed, client_id=task.client_id)
         params = list(model.parameters())
         new_state = hooks.finalize(params, stats.num_steps)
         with torch.no_grad():

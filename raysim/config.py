@@ -50,6 +50,8 @@ class DataConfig:
     shards_per_client: int = 2         # (R) SVHN class-grouped partition
     shard_size_sigma: float = 1.0      # (R) log-normal quantity skew of the shards partitioner
     val_fraction: float = 0.1          # (R) local validation split for CRA's q_i
+    train_subsample: int | None = None  # keep a fixed subset of this many training images, the same for every
+                                        # seed (stream (0, "train-subsample")): a smaller data set for quick studies
     test_subsample: int | None = None  # evaluate on a seeded subset of the test split (None = all)
     server_holdout: int | None = None  # public server hold-out (training images removed before partitioning,
                                        # owned by no client); None: 500 with cra.utility=server_val_f1, else 0
@@ -91,6 +93,8 @@ class LLDMConfig:
 
 
 ADPC_STATISTICS = ("example_norm_median", "update_norm", "update_norm_per_step", "update_norm_denoised")
+ADPC_READS = ("per_client", "pooled")
+ADPC_STEPS = ("coupled", "normalized")
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,8 @@ class ADPCConfig:
     histogram_min: float = 1e-3
     histogram_max: float = 1e3
     histogram_noise_multiplier: float = 25.0  # (R) σ_h of the per-round histogram release (sensitivity 1); see docs/methods.md
+    read: str = "per_client"           # (R) per_client (each histogram's quantile, then their median) | pooled (quantile of the summed histograms)
+    step: str = "coupled"              # (R) coupled (local lr fixed) | normalized (local lr scaled by C^(0)/C^(t))
 
 
 @dataclass(frozen=True)
@@ -174,6 +180,8 @@ class Config:
     model: str = "cnn"  # backbone, one of MODEL_NAMES (see docs/methods.md, "Backbones")
     rounds: int = 10
     seed: int = 0
+    replicate: int = 0                 # training replicate of the federation `seed`: 0 uses the seed's own training
+                                       # streams; k > 0 independent ones (see Config.train_seed)
     num_clients: int = 10
     clients_per_round: int | None = None  # k clients train per round (None: all clients, every round)
     participation: str = "uniform"     # (R) how the k are drawn: uniform (exactly k, without replacement) |
@@ -200,6 +208,19 @@ class Config:
 
     def replace(self, **changes: Any) -> "Config":
         return dataclasses.replace(self, **changes)
+
+    @property
+    def train_seed(self) -> int:
+        """Seed of the training streams: model init, batches, DP noise, upload noise, server noise.
+
+        ``seed`` itself for ``replicate`` 0, and an independent seed per replicate otherwise. The data
+        streams (server hold-out, partition, validation split, test subsample, participation schedule)
+        always use ``seed``, so replicates train the same federation with independent randomness (what
+        private hyperparameter tuning needs of repeated candidates)."""
+        if self.replicate == 0:
+            return self.seed
+        digest = hashlib.sha256(f"raysim-replicate/{self.seed}/{self.replicate}".encode()).hexdigest()
+        return int(digest[:15], 16)
 
 
 # --------------------------------------------------------------------------- building
@@ -276,6 +297,8 @@ def validate(cfg: Config) -> Config:
             _fail(key, f"must be >= 1, got {getattr(cfg, key)}")
     if cfg.seed < 0:
         _fail("seed", f"must be >= 0, got {cfg.seed}")
+    if cfg.replicate < 0:
+        _fail("replicate", f"must be >= 0, got {cfg.replicate}")
     if cfg.clients_per_round is not None and not 1 <= cfg.clients_per_round <= cfg.num_clients:
         _fail("clients_per_round", f"must be in [1, num_clients={cfg.num_clients}] (or null: all clients), "
                                    f"got {cfg.clients_per_round}")
@@ -327,11 +350,18 @@ def validate(cfg: Config) -> Config:
         _fail("adpc.histogram_noise_multiplier", f"must be > 0 (the histogram is a private release), "
                                                  f"got {cfg.adpc.histogram_noise_multiplier}")
     _choice("cra.utility", cfg.cra.utility, ("local_val_f1", "server_val_f1"))
+    if d.train_subsample is not None and d.train_subsample < 1:
+        _fail("data.train_subsample", f"must be >= 1 (or null: the whole training split), got {d.train_subsample}")
     if d.server_holdout is not None and d.server_holdout < 0:
         _fail("data.server_holdout", f"must be >= 0, got {d.server_holdout}")
     if cfg.cra.utility == "server_val_f1" and d.server_holdout == 0:
         _fail("data.server_holdout", "cra.utility=server_val_f1 scores uploads on the public server hold-out; "
                                      "set data.server_holdout > 0 (e.g. 500) or leave it unset")
+    _choice("adpc.read", cfg.adpc.read, ADPC_READS)
+    if cfg.adpc.read == "pooled" and cfg.adpc.statistic != "example_norm_median":
+        _fail("adpc.read", f"pooled sums the clients' norm histograms, which only adpc.statistic=example_norm_median "
+                           f"uploads; got adpc.statistic={cfg.adpc.statistic}")
+    _choice("adpc.step", cfg.adpc.step, ADPC_STEPS)
     if not 0 < cfg.adpc.smoothing <= 1:
         _fail("adpc.smoothing", f"must be in (0, 1], got {cfg.adpc.smoothing}")
     if not 0 < cfg.adpc.c_min <= cfg.adpc.c0:
@@ -446,6 +476,15 @@ def server_holdout_size(cfg: Config) -> int:
 
 
 _RUNTIME_KEYS_ADDED_LATER = ("eval_on", "malloc_tuning")
+#: ADPC keys added later, with the value that reproduces the behaviour from before they existed.
+_ADPC_KEYS_ADDED_LATER = {"read": "per_client", "step": "coupled"}
+
+
+def _adpc_runs(cfg: Config) -> bool:
+    """Whether ADPC runs (FedDimDP or one of its presets with the switch on): only then do its keys
+    added later enter the run id, so no other method's run id moves with their defaults."""
+    family = cfg.method == "feddimdp" or cfg.method.startswith("feddimdp-")
+    return family and cfg.method != "feddimdp-no-adpc" and cfg.feddimdp.on("adpc")
 
 
 def result_hash(cfg: Config) -> str:
@@ -457,10 +496,16 @@ def result_hash(cfg: Config) -> str:
     # results written before the keys existed.
     for key in _RUNTIME_KEYS_ADDED_LATER:
         del values["runtime"][key]
+    for key, legacy in _ADPC_KEYS_ADDED_LATER.items():
+        # The earlier behaviour, or no ADPC at all: the run id the config had before the key existed.
+        if values["adpc"][key] == legacy or not _adpc_runs(cfg):
+            del values["adpc"][key]
     if cfg.clients_per_round is None:
         # Full participation: `participation` changes nothing, and leaving both keys out keeps the run ids
         # of results written before the keys existed (their runs resume into the same rows).
         del values["clients_per_round"], values["participation"]
+    if cfg.replicate == 0:
+        del values["replicate"]        # the default: a federation's first replicate keeps its run id
     if cfg.eval_every == 1:
         del values["eval_every"]       # the default: run ids of results written before the key existed stay the same
     if cfg.model == "cnn":

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import pickle
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Protocol
 
+import numpy as np
+
 from raysim.algorithms.registry import get_method, resolve_preset
 from raysim.config import Config, ConfigError, run_id_for
 from raysim.data import DATASETS, load_dataset
 from raysim.results import ResultsSink
 from raysim.results.rows import now, run_row
+from raysim.rng import np_generator
 from raysim.simulation import RoundRecord, SetupRecord
 from raysim.state_store import delete_files
 
@@ -28,9 +32,19 @@ def prepare(cfg: Config) -> tuple[Any, Any]:
     """Check the config against the registries, load (train, test), and run :func:`preflight`."""
     check_config(cfg)
     train = load_dataset(cfg.data.name, "train", cfg.data.root, download=cfg.data.download, cache_dir=cfg.data.cache_dir)
+    train = subsample_train(cfg, train)
     test = load_dataset(cfg.data.name, "test", cfg.data.root, download=cfg.data.download, cache_dir=cfg.data.cache_dir)
     preflight(cfg, train)
     return train, test
+
+
+def subsample_train(cfg: Config, train: Any) -> Any:
+    """The training split, or its fixed subset of ``data.train_subsample`` images (the same for every seed)."""
+    k = cfg.data.train_subsample
+    if k is None or k >= len(train.y):
+        return train
+    keep = np.sort(np_generator(0, "train-subsample").choice(len(train.y), k, replace=False))
+    return dataclasses.replace(train, x=train.x[keep], y=train.y[keep])
 
 
 def preflight(cfg: Config, train: Any) -> None:
@@ -114,9 +128,13 @@ def run_experiment(cfg: Config, results_dir: str, backend: Backend, *, sweep_id:
             best_acc, best_f1 = max(best_acc, rr["test_accuracy"]), max(best_f1, rr["test_f1"])
             row.update(rounds_completed=rec.server_round, final_test_accuracy=rr["test_accuracy"],
                        final_test_f1=rr["test_f1"], final_test_loss=rr["test_loss"], best_test_accuracy=best_acc,
-                       best_test_f1=best_f1, epsilon=rr["epsilon"], wall_seconds=time.perf_counter() - t0)
+                       best_test_f1=best_f1, final_val_accuracy=_finite_or_none(rr["val_accuracy"]),
+                       final_val_f1=_finite_or_none(rr["val_f1"]), epsilon=rr["epsilon"],
+                       wall_seconds=time.perf_counter() - t0)
             if math.isfinite(rec.max_noise_multiplier):   # partial participation plans σ_i as clients first train
                 row["noise_multiplier"] = rec.max_noise_multiplier
+            if rec.rdp_epsilons is not None:
+                row["rdp_epsilons"] = rec.rdp_epsilons
             sink.write_run(row)
             if rec.checkpoint is not None:   # after the round's rows: a crash in between redoes the round
                 sink.write_checkpoint(run_id, rec.checkpoint)

@@ -10,7 +10,9 @@ FedAvg weights), bit for bit. The paper's ablation names are presets of the swit
   ``example_norm_median`` is each client's quantile of its per-example gradient norms at the round's
   starting model (the pre-round norm pass over all its examples, weight 1 each), read from a
   histogram that the client noises itself (a Gaussian release of sensitivity 1 per round,
-  composed into its ledger). The literal update-norm statistics are kept as options; they are
+  composed into its ledger); ``adpc.read=pooled`` (R) instead reads one quantile from the cohort's
+  histograms summed. ``adpc.step=normalized`` (R) scales the local lr by C^(0)/C^(t). Both are
+  post-processing of the same releases. The literal update-norm statistics are kept as options; they are
   post-processing of Δw_i and degenerate (docs/methods.md). Off: C = ``privacy.clip_norm`` fixed.
 * CRA: reliability-weighted aggregation with one projected step onto the capped simplex. Its utility
   signal q_i (R, ``cra.utility``) is the local validation macro-F1 (uploaded; not covered by ε unless
@@ -28,7 +30,7 @@ import torch
 from raysim.algorithms.base import Aggregate, MethodContext, MethodSpec, Server, weighted_sum
 from raysim.algorithms.clip_rules import (
     adpc_next_clip, denoise_update_norm, example_norm_histogram, histogram_edges, histogram_quantile,
-    norm_quantile, update_norm_per_step,
+    norm_quantile, normalized_lr_scale, pooled_histogram_quantile, update_norm_per_step,
 )
 from raysim.algorithms.cra_math import cra_weights
 from raysim.algorithms.registry import register
@@ -114,6 +116,12 @@ class FedDimDPServer(Server):
     def clip_norm(self, server_round: int) -> float:
         return self.current_clip
 
+    def lr_scale(self, server_round: int) -> float:
+        """``adpc.step`` (R): 1 (coupled: the step grows with C) or C^(0)/C^(t) (normalized)."""
+        if self.use_adpc and self.cfg.adpc.step == "normalized":
+            return normalized_lr_scale(self.cfg.adpc.c0, self.current_clip)
+        return 1.0
+
     def utility(self, global_weights: torch.Tensor, results: Sequence[ClientResult]) -> np.ndarray:
         """CRA's q_i (``cra.utility``, R)."""
         if self.cfg.cra.utility == "server_val_f1":
@@ -124,14 +132,17 @@ class FedDimDPServer(Server):
 
     def adpc_statistic(self, results: Sequence[ClientResult], raw: np.ndarray, per_step: np.ndarray,
                        logs: list[dict[str, float]]) -> np.ndarray:
-        """S^(t) of ``adpc.statistic`` (R), one value per client in C's units (NaN: no information)."""
+        """S^(t) of ``adpc.statistic`` (R) in C's units (NaN: no information): one value per client, or with
+        ``adpc.read=pooled`` the one quantile of the summed histograms."""
         cfg, ctx = self.cfg, self.ctx
         stat = cfg.adpc.statistic
         if stat == "example_norm_median":
-            edges = adpc_edges(cfg)
-            values = np.array([histogram_quantile(r.uploads["norm_histogram"], edges, cfg.adpc.quantile) for r in results])
+            edges, hists = adpc_edges(cfg), [r.uploads["norm_histogram"] for r in results]
+            values = np.array([histogram_quantile(h, edges, cfg.adpc.quantile) for h in hists])
             for row, v in zip(logs, values):
-                row["example_norm_median"] = float(v)
+                row["example_norm_median"] = float(v)   # each client's own read, logged under either adpc.read
+            if cfg.adpc.read == "pooled":
+                return np.array([pooled_histogram_quantile(hists, edges, cfg.adpc.quantile)])
             return values
         if stat == "update_norm":
             return raw
@@ -150,7 +161,8 @@ class FedDimDPServer(Server):
     def aggregate(self, server_round: int, global_weights: torch.Tensor, results: Sequence[ClientResult]) -> Aggregate:
         cfg = self.cfg
         raw = np.array([float(r.delta.norm()) for r in results])
-        per_step = np.array([update_norm_per_step(raw[i], cfg.lr, r.num_steps) for i, r in enumerate(results)])
+        lr = cfg.lr * self.lr_scale(server_round)   # the lr the clients stepped with (C^(t) not yet moved)
+        per_step = np.array([update_norm_per_step(raw[i], lr, r.num_steps) for i, r in enumerate(results)])
         logs: list[dict[str, float]] = [{} for _ in results]
         if self.use_cra:
             deltas = torch.stack([r.delta for r in results]).numpy()
@@ -192,9 +204,14 @@ def _uses_lldm(cfg: Config) -> bool:
     return cfg.feddimdp.on("lldm")
 
 
+def _uses_adpc(cfg: Config) -> bool:
+    return cfg.feddimdp.on("adpc")
+
+
 def _feddimdp(name: str, summary: str, preset: dict[str, bool]) -> MethodSpec:
     return register(MethodSpec(name, summary, _SOURCE, FedDimDPServer, lldm=_uses_lldm, uploads=feddimdp_uploads,
-                               validate=feddimdp_validate, preset=preset, preset_of="feddimdp" if preset else None))
+                               validate=feddimdp_validate, preset=preset, preset_of="feddimdp" if preset else None,
+                               adaptive_clip=_uses_adpc))
 
 
 _feddimdp("feddimdp", "FedDimDP: LLDM + ADPC adaptive clipping + CRA robust aggregation (switches feddimdp.*)", {})

@@ -16,17 +16,21 @@ RUNS = pa.schema([
     ("seed", I64), ("num_clients", I64), ("rounds", I64), ("config", STR), ("status", STR), ("error", STR),
     ("start_time", pa.timestamp("us", tz="UTC")), ("end_time", pa.timestamp("us", tz="UTC")),
     ("rounds_completed", I64), ("final_test_accuracy", F64), ("final_test_f1", F64), ("final_test_loss", F64),
-    ("best_test_accuracy", F64), ("best_test_f1", F64), ("epsilon", F64), ("delta", F64), ("noise_multiplier", F64),
+    ("best_test_accuracy", F64), ("best_test_f1", F64),
+    ("final_val_accuracy", F64), ("final_val_f1", F64),   # on the public server hold-out (null without one)
+    ("epsilon", F64), ("delta", F64), ("noise_multiplier", F64),
     ("clipping", STR), ("accountant", STR), ("not_covered_by_epsilon", STR), ("num_params", I64),
     ("wall_seconds", F64), ("code_version", STR), ("hostname", STR),
     ("client_nodes", STR), ("writer_node", STR),   # Ray node ids: client actors (JSON list), row writer
     ("startup_seconds", F64),                      # Simulation construction until every client worker is ready
     ("warm_actors", pa.bool_()),                   # Ray: actors borrowed from a sweep's warm pool
+    ("rdp_epsilons", STR),   # DP runs: JSON list, max over clients of the RDP curve at raysim.privacy.tuning.ORDERS
 ])
 
 ROUNDS = pa.schema([
     ("run_id", STR), ("round", I64), ("participants", I64),   # clients that trained in the round
     ("test_accuracy", F64), ("test_f1", F64), ("test_loss", F64),
+    ("val_accuracy", F64), ("val_f1", F64),   # the public server hold-out (NaN without one, or between evaluations)
     ("clip_norm", F64), ("epsilon", F64), ("mean_train_loss", F64), ("round_seconds", F64),
     ("client_train_seconds", F64), ("communication_seconds", F64), ("aggregation_seconds", F64),
     ("accounting_seconds", F64), ("eval_seconds", F64), ("next_clip_norm", F64), ("noise_multiplier_scale", F64),
@@ -48,5 +52,21 @@ PARTITIONS = pa.schema([
     ("run_id", STR), ("client_id", I64), ("label", I64), ("count", I64), ("split", STR),
 ])
 
-SCHEMAS: dict[str, pa.Schema] = {"runs": RUNS, "rounds": ROUNDS, "clients": CLIENTS, "partitions": PARTITIONS}
+#: ``raysim tune``: one row per planned run of a tune (stage search | final | fixed | private).
+TUNING = pa.schema([
+    ("tune_id", STR), ("tune_name", STR), ("contestant", STR), ("method", STR), ("stage", STR),
+    ("candidate", STR), ("params", STR),           # the searched keys and values: a label, and JSON
+    ("lr", F64), ("clip_norm", F64), ("seed", I64), ("draw", I64),   # draw: the replicate of a private-mode draw
+    ("run_id", STR), ("status", STR),              # completed | diverged | failed | missing
+    ("objective_name", STR), ("objective", F64),   # the run's validation objective (server hold-out)
+    ("candidate_objective", F64),                  # search: the candidate's mean objective over the tuning seeds
+    ("test_accuracy", F64), ("test_f1", F64), ("epsilon", F64),
+    ("released_epsilon", F64),                     # private: ε of the released model, tuning included
+    ("reference", STR), ("private", pa.bool_()),   # the tune's reference contestant and mode
+    ("chosen", pa.bool_()),                        # search: the chosen candidate; private: the released draw;
+                                                   # final/fixed: every run (all are reported)
+])
+
+SCHEMAS: dict[str, pa.Schema] = {"runs": RUNS, "rounds": ROUNDS, "clients": CLIENTS, "partitions": PARTITIONS,
+                                 "tuning": TUNING}
 TABLES = tuple(SCHEMAS)
