@@ -445,26 +445,18 @@ def server_holdout_size(cfg: Config) -> int:
     return 500 if cfg.cra.utility == "server_val_f1" else 0
 
 
-_RUNTIME_KEYS_ADDED_LATER = ("eval_on", "malloc_tuning")
+#: Runtime keys that change a run's results: the thread count moves sums in the last place (MKL splits
+#: small matmuls by it); every other runtime key only says where and how fast the run executes.
+RESULT_RUNTIME_KEYS = ("torch_threads",)
 
 
 def result_hash(cfg: Config) -> str:
-    """Hash of the result-relevant config. Where and how fast a run executes does not change its
-    results (the determinism test), so the runtime section and data paths are not part of it."""
+    """Hash of every config key that changes results. Where and how fast a run executes does not change
+    its results (the determinism test), so the runtime section, except :data:`RESULT_RUNTIME_KEYS`, and
+    the data paths are not part of it."""
     d = dataclasses.replace(cfg.data, root=None, cache_dir=None, download=False)
-    values = config_to_dict(cfg.replace(runtime=RuntimeConfig(), data=d))
-    # Runtime keys added later are left out of the (defaulted) runtime section: run ids stay those of
-    # results written before the keys existed.
-    for key in _RUNTIME_KEYS_ADDED_LATER:
-        del values["runtime"][key]
-    if cfg.clients_per_round is None:
-        # Full participation: `participation` changes nothing, and leaving both keys out keeps the run ids
-        # of results written before the keys existed (their runs resume into the same rows).
-        del values["clients_per_round"], values["participation"]
-    if cfg.eval_every == 1:
-        del values["eval_every"]       # the default: run ids of results written before the key existed stay the same
-    if cfg.model == "cnn":
-        del values["model"]            # likewise for the default backbone
+    values = config_to_dict(cfg.replace(data=d))
+    values["runtime"] = {key: values["runtime"][key] for key in RESULT_RUNTIME_KEYS}
     return _hash_dict(values)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import pickle
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Protocol
@@ -13,7 +12,7 @@ from raysim.config import Config, ConfigError, run_id_for
 from raysim.data import DATASETS, load_dataset
 from raysim.results import ResultsSink
 from raysim.results.rows import now, run_row
-from raysim.simulation import RoundRecord, SetupRecord
+from raysim.simulation import RoundRecord, SetupRecord, load_checkpoint
 from raysim.state_store import delete_files
 
 
@@ -84,7 +83,7 @@ def run_experiment(cfg: Config, results_dir: str, backend: Backend, *, sweep_id:
     blob = sink.read_checkpoint(run_id) if previous and previous.get("status") in ("running", "failed") else None
     best_acc = best_f1 = -math.inf
     if blob is not None:
-        done = int(pickle.loads(blob)["completed_rounds"])
+        done = int(load_checkpoint(blob)["completed_rounds"])
         sink.clear_rounds_after(run_id, done)
         kept = sink.read_run_rounds(run_id)   # rounds after `done` were just deleted
         if len(kept):

@@ -43,6 +43,25 @@ from raysim.training import sample_rate, steps_per_epoch
 from raysim.messages import ClientData, ClientResult, ClientTask, RoundPayload
 
 
+#: Version of the checkpoint layout written by :meth:`Simulation.state`; a checkpoint of another version
+#: is refused (the run restarts with ``--restart``), never migrated.
+CHECKPOINT_FORMAT = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint this code cannot resume from."""
+
+
+def load_checkpoint(blob: bytes) -> dict[str, Any]:
+    """The state in a checkpoint written by :meth:`Simulation.run`, refused if it has another format."""
+    state = pickle.loads(blob)
+    version = state.get("format_version") if isinstance(state, dict) else None
+    if version != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"checkpoint format {version!r} is not {CHECKPOINT_FORMAT}; "
+                              f"rerun with --restart to start this run from scratch")
+    return state
+
+
 class TrainingDiverged(RuntimeError):
     """A client update or the global model became non-finite (NaN/inf): the run cannot continue."""
 
@@ -296,38 +315,24 @@ class Simulation:
     def state(self) -> dict[str, Any]:
         """What a resumed run needs to continue bit for bit: every random stream is keyed by
         (seed, purpose, round, client), so no generator state is saved, only what was learned."""
-        return {"completed_rounds": self.completed_rounds, "weights": self.weights.clone(),
-                "server": self.server.state_dict(), "client_state_manifest": self.client_states.manifest(),
+        return {"format_version": CHECKPOINT_FORMAT, "completed_rounds": self.completed_rounds,
+                "weights": self.weights.clone(), "server": self.server.state_dict(),
+                "client_state_manifest": self.client_states.manifest(),
                 "ledgers": self.ledgers, "epsilons": self.epsilons.copy(), "noise_multipliers": self.sigmas.copy(),
                 "sigma_memo": dict(self.plan.memo) if self.plan is not None else {}}
 
     def restore(self, blob: bytes) -> None:
         """Continue from a checkpoint written by :meth:`run` (rounds after it run next)."""
-        state = pickle.loads(blob)
+        state = load_checkpoint(blob)
         self.completed_rounds = int(state["completed_rounds"])
         self.weights = state["weights"]
         self.server.load_state_dict(state["server"])
-        if "client_state_manifest" in state:
-            self.client_states.load(state["client_state_manifest"])
-        else:   # a checkpoint from before the state store: every state inline (large ones spill now)
-            for cid, client_state in state["client_states"].items():
-                self.client_states.put(cid, client_state, self.completed_rounds)
-            self.client_states.released()
-        ledgers = state["ledgers"]
-        if isinstance(ledgers, list):   # from before lazy ledgers: one per client, empty if it never trained
-            ledgers = {cid: led for cid, led in enumerate(ledgers) if led.events}
-        self.ledgers = dict(ledgers)
-        # Checkpoints from before partial participation lack these: ε is recomputed from the ledgers, and σ
-        # is re-planned on demand (a pure function of each client's key, so the same values).
-        if "epsilons" in state:
-            self.epsilons = np.array(state["epsilons"], dtype=np.float64)
-        elif self.clipping != "none" and self.ledgers:
-            ids = sorted(self.ledgers)
-            self.epsilons[ids] = epsilon_many([self.ledgers[c] for c in ids])
-        if "noise_multipliers" in state:
-            self.sigmas[:] = state["noise_multipliers"]    # in place: the server's context holds this array
+        self.client_states.load(state["client_state_manifest"])
+        self.ledgers = dict(state["ledgers"])
+        self.epsilons = np.array(state["epsilons"], dtype=np.float64)
+        self.sigmas[:] = state["noise_multipliers"]    # in place: the server's context holds this array
         if self.plan is not None:
-            self.plan.memo.update(state.get("sigma_memo", {}))
+            self.plan.memo.update(state["sigma_memo"])
         self.max_sigma = max_planned(self.sigmas)
         self.setup.noise_multipliers = [float(s) for s in self.sigmas]
         self.setup.resumed_after = self.completed_rounds
