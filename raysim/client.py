@@ -107,7 +107,7 @@ class ClientRunner:
         vector_to_parameters(payload.start_weights.clone(), model.parameters())
         hooks = self.spec.client(self.cfg, payload, task)
         stats = local_train(model, x, y, hooks, clipping=self.clipping, engine=self.engine,
-                            per_layer=self.spec.per_layer_clipping, seed=self.cfg.seed, client_id=task.client_id,
+                            per_layer=self.spec.per_layer_clipping, seed=self.cfg.train_seed, client_id=task.client_id,
                             record_example_norms=any(u.needs_example_norms for u in self.uploads))
         params = list(model.parameters())
         new_state = hooks.finalize(params, stats.num_steps)
@@ -115,7 +115,7 @@ class ClientRunner:
             end = parameters_to_vector(params).detach().clone()
         delta = (end - payload.start_weights).cpu()
         new_state = to_device(new_state, torch.device("cpu"))
-        seed, server_round, cid = self.cfg.seed, task.server_round, task.client_id
+        seed, server_round, cid = self.cfg.train_seed, task.server_round, task.client_id
         ctx = UploadContext(cfg=self.cfg, task=task, model=model, delta=delta, num_samples=len(y),
                             num_steps=stats.num_steps, frac_clipped=stats.frac_clipped, val_x=xv, val_y=yv,
                             num_classes=self.info.num_classes, layer_slices=self.layer_slices,

@@ -174,6 +174,8 @@ class Config:
     model: str = "cnn"  # backbone, one of MODEL_NAMES (see docs/methods.md, "Backbones")
     rounds: int = 10
     seed: int = 0
+    replicate: int = 0                 # training replicate of the federation `seed`: 0 uses the seed's own training
+                                       # streams; k > 0 independent ones (see Config.train_seed)
     num_clients: int = 10
     clients_per_round: int | None = None  # k clients train per round (None: all clients, every round)
     participation: str = "uniform"     # (R) how the k are drawn: uniform (exactly k, without replacement) |
@@ -200,6 +202,19 @@ class Config:
 
     def replace(self, **changes: Any) -> "Config":
         return dataclasses.replace(self, **changes)
+
+    @property
+    def train_seed(self) -> int:
+        """Seed of the training streams: model init, batches, DP noise, upload noise, server noise.
+
+        ``seed`` itself for ``replicate`` 0, and an independent seed per replicate otherwise. The data
+        streams (server hold-out, partition, validation split, test subsample, participation schedule)
+        always use ``seed``, so replicates train the same federation with independent randomness (what
+        private hyperparameter tuning needs of repeated candidates)."""
+        if self.replicate == 0:
+            return self.seed
+        digest = hashlib.sha256(f"raysim-replicate/{self.seed}/{self.replicate}".encode()).hexdigest()
+        return int(digest[:15], 16)
 
 
 # --------------------------------------------------------------------------- building
@@ -276,6 +291,8 @@ def validate(cfg: Config) -> Config:
             _fail(key, f"must be >= 1, got {getattr(cfg, key)}")
     if cfg.seed < 0:
         _fail("seed", f"must be >= 0, got {cfg.seed}")
+    if cfg.replicate < 0:
+        _fail("replicate", f"must be >= 0, got {cfg.replicate}")
     if cfg.clients_per_round is not None and not 1 <= cfg.clients_per_round <= cfg.num_clients:
         _fail("clients_per_round", f"must be in [1, num_clients={cfg.num_clients}] (or null: all clients), "
                                    f"got {cfg.clients_per_round}")

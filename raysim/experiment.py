@@ -113,7 +113,9 @@ def run_experiment(cfg: Config, results_dir: str, backend: Backend, *, sweep_id:
             best_acc, best_f1 = max(best_acc, rr["test_accuracy"]), max(best_f1, rr["test_f1"])
             row.update(rounds_completed=rec.server_round, final_test_accuracy=rr["test_accuracy"],
                        final_test_f1=rr["test_f1"], final_test_loss=rr["test_loss"], best_test_accuracy=best_acc,
-                       best_test_f1=best_f1, epsilon=rr["epsilon"], wall_seconds=time.perf_counter() - t0)
+                       best_test_f1=best_f1, final_val_accuracy=_finite_or_none(rr["val_accuracy"]),
+                       final_val_f1=_finite_or_none(rr["val_f1"]), epsilon=rr["epsilon"],
+                       wall_seconds=time.perf_counter() - t0)
             if math.isfinite(rec.max_noise_multiplier):   # partial participation plans σ_i as clients first train
                 row["noise_multiplier"] = rec.max_noise_multiplier
             sink.write_run(row)

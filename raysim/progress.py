@@ -20,6 +20,7 @@ class RunProgress:
         self.bar = tqdm(total=cfg.rounds, desc=f"{cfg.method} {cfg.data.name} seed={cfg.seed}", unit="round",
                         file=sys.stderr, dynamic_ncols=True, leave=True)
         self.bar.set_postfix_str("starting actors…")
+        self.last_eval: tuple[int, float, float] | None = None
 
     def setup(self, setup: SetupRecord) -> None:
         sig = setup.max_noise_multiplier
@@ -37,7 +38,14 @@ class RunProgress:
     def round(self, rec: RoundRecord) -> None:
         r = rec.round_row
         eps = "∞" if not math.isfinite(r["epsilon"]) else f"{r['epsilon']:.2f}"
-        self.bar.set_postfix_str(f"acc {r['test_accuracy']:.3f} f1 {r['test_f1']:.3f} ε {eps}")
+        if math.isfinite(r["test_accuracy"]):   # with eval_every > 1, the last evaluated round's metrics
+            self.last_eval = (rec.server_round, r["test_accuracy"], r["test_f1"])
+        if self.last_eval is None:
+            self.bar.set_postfix_str(f"not evaluated yet ε {eps}")
+        else:
+            k, acc, f1 = self.last_eval
+            at = "" if k == rec.server_round else f" (round {k})"
+            self.bar.set_postfix_str(f"acc {acc:.3f} f1 {f1:.3f}{at} ε {eps}")
         self.bar.update(1)
 
     def __enter__(self) -> "RunProgress":

@@ -236,7 +236,7 @@ class Simulation:
         # ε per client, updated only for the clients whose ledger changed in a round.
         self.epsilons = np.full(cfg.num_clients, 0.0 if self.clipping != "none" else math.inf)
         self.model = model_for(cfg, train.info, self.spec.lldm(cfg))
-        init_parameters(self.model, torch_generator(cfg.seed, "model-init"))
+        init_parameters(self.model, torch_generator(cfg.train_seed, "model-init"))
         self.info = test.info
         test_x, test_y = test.x, test.y
         if cfg.data.test_subsample is not None and cfg.data.test_subsample < len(test_y):
@@ -246,8 +246,12 @@ class Simulation:
         self.test_y = torch.from_numpy(test_y.astype(np.int64))
         with torch.no_grad():
             self.weights = parameters_to_vector(self.model.parameters()).detach().clone()
+        # The public server hold-out doubles as the validation set (``val_*`` columns): the global model is
+        # scored on it whenever it is scored on the test split, so tuning never needs the test split.
         held, _ = server_holdout(cfg, len(train.y))
-        holdout_f1 = self._holdout_scorer(train, held) if len(held) else None
+        self.val_x = to_float_tensor(train.x[held], train.info) if len(held) else None
+        self.val_y = torch.from_numpy(train.y[held].astype(np.int64)) if len(held) else None
+        holdout_f1 = self._holdout_scorer(train.info) if len(held) else None
         ctx = MethodContext(cfg, self.clipping, int(self.weights.numel()), layer_slices(self.model), n, self.steps,
                             self.sigmas, holdout_f1)
         self.server = self.spec.server(ctx)
@@ -277,15 +281,14 @@ class Simulation:
         p = self.cfg.privacy
         return PrivacyLedger(p.delta, p.accountant, incremental=self.full_participation)
 
-    def _holdout_scorer(self, train: ArrayDataset, held: np.ndarray):
+    def _holdout_scorer(self, info: Any):
         """macro-F1 of flat weights on the public hold-out (post-processing of DP outputs on public data)."""
-        x = to_float_tensor(train.x[held], train.info)
-        y = torch.from_numpy(train.y[held].astype(np.int64))
-        scratch = model_for(self.cfg, train.info, self.spec.lldm(self.cfg))
+        x, y = self.val_x, self.val_y
+        scratch = model_for(self.cfg, info, self.spec.lldm(self.cfg))
 
         def score(weights: torch.Tensor) -> float:
             vector_to_parameters(weights.detach().clone(), scratch.parameters())
-            return evaluate(scratch, x, y, train.info.num_classes, self.cfg.eval_batch_size).f1
+            return evaluate(scratch, x, y, info.num_classes, self.cfg.eval_batch_size).f1
         return score
 
     def run(self) -> Iterator[RoundRecord]:
@@ -307,7 +310,7 @@ class Simulation:
                 released = self.client_states.released()
             if t < self.cfg.rounds and self.executor.overlaps and not self._evaluates_on_worker(t):
                 self._inflight = self._dispatch(t + 1)
-            record = self._finish(done, self.evaluate(t))
+            record = self._finish(done, self.evaluate(t), self.validate(t))
             del done   # the round's results (model-sized deltas) must not live on while the next round's arrive
             record.checkpoint, record.released_state_files = checkpoint, released
             yield record
@@ -339,7 +342,7 @@ class Simulation:
 
     def round(self, t: int) -> RoundRecord:
         """Round ``t`` from start to end: train, aggregate, account, evaluate (:meth:`run` overlaps rounds)."""
-        return self._finish(self._train_and_aggregate(t), self.evaluate(t))
+        return self._finish(self._train_and_aggregate(t), self.evaluate(t), self.validate(t))
 
     def _dispatch(self, t: int) -> "_Dispatched":
         """Plan round ``t``'s participants and submit their training."""
@@ -394,7 +397,7 @@ class Simulation:
         t3 = time.perf_counter()
         return _Aggregated(sent, results, agg, t0, t1, t2, t3, self.planned_max_sigma())
 
-    def _finish(self, done: "_Aggregated", ev: Evaluation) -> RoundRecord:
+    def _finish(self, done: "_Aggregated", ev: Evaluation, val: Evaluation | None = None) -> RoundRecord:
         """The round's rows, once it is evaluated."""
         t4 = time.perf_counter()
         sent, results, agg = done.sent, done.results, done.agg
@@ -403,7 +406,8 @@ class Simulation:
         slowest = max((r.seconds for r in results), default=0.0)
         round_row = {
             "round": t, "participants": len(sent.participants), "test_accuracy": ev.accuracy, "test_f1": ev.f1,
-            "test_loss": ev.loss, "clip_norm": clip_total, "epsilon": float(self.epsilons.max()),
+            "test_loss": ev.loss, "val_accuracy": val.accuracy if val else math.nan,
+            "val_f1": val.f1 if val else math.nan, "clip_norm": clip_total, "epsilon": float(self.epsilons.max()),
             "mean_train_loss": float(np.mean([r.train_loss for r in results])) if results else math.nan,
             "round_seconds": t4 - done.t0, "client_train_seconds": slowest,
             # With overlapping rounds the clients may have trained before this round's clock started.
@@ -435,11 +439,21 @@ class Simulation:
         last round (NaN in between), on a worker or here (``runtime.eval_on``)."""
         if not self._eval_due(t):
             return Evaluation(math.nan, math.nan, math.nan)
-        remote = self.executor.evaluate(self.weights, self.test_x, self.test_y, self.info.num_classes)
+        return self._score(self.test_x, self.test_y)
+
+    def validate(self, t: int) -> Evaluation | None:
+        """Validation metrics of the global model after round ``t`` on the public server hold-out, when
+        the test metrics are due and the run has a hold-out (``data.server_holdout``); else None."""
+        if self.val_x is None or not self._eval_due(t):
+            return None
+        return self._score(self.val_x, self.val_y)
+
+    def _score(self, x: torch.Tensor, y: torch.Tensor) -> Evaluation:
+        remote = self.executor.evaluate(self.weights, x, y, self.info.num_classes)
         if remote is not None:
             return remote
         vector_to_parameters(self.weights.clone(), self.model.parameters())
-        return evaluate(self.model, self.test_x, self.test_y, self.info.num_classes, self.cfg.eval_batch_size)
+        return evaluate(self.model, x, y, self.info.num_classes, self.cfg.eval_batch_size)
 
     def planned_max_sigma(self) -> float:
         """The largest σ_i planned so far (NaN if none)."""

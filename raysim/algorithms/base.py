@@ -181,3 +181,6 @@ class MethodSpec:
     validate: Callable[[Config, str], None] = _accept   # method-specific config checks (clipping resolved)
     preset: dict[str, Any] = field(default_factory=dict)
     preset_of: str | None = None       # the method whose switches ``preset`` sets
+    #: the clip norm adapts during the run (ADPC, adaptive quantile clipping), so ``privacy.clip_norm`` is no
+    #: fixed C to tune (``raysim tune`` searches it for the fixed-clip methods only)
+    adaptive_clip: Callable[[Config], bool] = _never

@@ -191,9 +191,14 @@ def _uses_lldm(cfg: Config) -> bool:
     return cfg.feddimdp.on("lldm")
 
 
+def _uses_adpc(cfg: Config) -> bool:
+    return cfg.feddimdp.on("adpc")
+
+
 def _feddimdp(name: str, summary: str, preset: dict[str, bool]) -> MethodSpec:
     return register(MethodSpec(name, summary, _SOURCE, FedDimDPServer, lldm=_uses_lldm, uploads=feddimdp_uploads,
-                               validate=feddimdp_validate, preset=preset, preset_of="feddimdp" if preset else None))
+                               validate=feddimdp_validate, preset=preset, preset_of="feddimdp" if preset else None,
+                               adaptive_clip=_uses_adpc))
 
 
 _feddimdp("feddimdp", "FedDimDP: LLDM + ADPC adaptive clipping + CRA robust aggregation (switches feddimdp.*)", {})

@@ -67,7 +67,7 @@ class QuantileClipServer(Server):
         """b̄, the noised mean of the clients' b_i (see the module docstring)."""
         q = self.cfg.quantile
         if q.norm_source == "update":
-            rng = np_generator(self.cfg.seed, "quantile-noise", server_round)
+            rng = np_generator(self.cfg.train_seed, "quantile-noise", server_round)
             s = np.array([update_norm_per_step(float(r.delta.norm()), self.cfg.lr, r.num_steps) for r in results])
             return noised_fraction_below(s, self.current_clip, q.noise_multiplier, rng)
         return float(np.mean([r.uploads["unclipped_fraction"] for r in results]))
@@ -85,4 +85,4 @@ DP_FEDAVG_ADAPTIVE = register(MethodSpec(
     name="dp-fedavg-adaptive",
     summary="DP-FedAvg, adaptive clip C ← C·exp(−η_c(b̄ − γ)) towards a noised quantile (quantile.*)",
     source="Andrew et al., Differentially Private Learning with Adaptive Clipping, NeurIPS 2021",
-    server=QuantileClipServer, private=True, uploads=quantile_uploads))
+    server=QuantileClipServer, private=True, uploads=quantile_uploads, adaptive_clip=lambda cfg: True))

@@ -16,7 +16,9 @@ RUNS = pa.schema([
     ("seed", I64), ("num_clients", I64), ("rounds", I64), ("config", STR), ("status", STR), ("error", STR),
     ("start_time", pa.timestamp("us", tz="UTC")), ("end_time", pa.timestamp("us", tz="UTC")),
     ("rounds_completed", I64), ("final_test_accuracy", F64), ("final_test_f1", F64), ("final_test_loss", F64),
-    ("best_test_accuracy", F64), ("best_test_f1", F64), ("epsilon", F64), ("delta", F64), ("noise_multiplier", F64),
+    ("best_test_accuracy", F64), ("best_test_f1", F64),
+    ("final_val_accuracy", F64), ("final_val_f1", F64),   # on the public server hold-out (null without one)
+    ("epsilon", F64), ("delta", F64), ("noise_multiplier", F64),
     ("clipping", STR), ("accountant", STR), ("not_covered_by_epsilon", STR), ("num_params", I64),
     ("wall_seconds", F64), ("code_version", STR), ("hostname", STR),
     ("client_nodes", STR), ("writer_node", STR),   # Ray node ids: client actors (JSON list), row writer
@@ -27,6 +29,7 @@ RUNS = pa.schema([
 ROUNDS = pa.schema([
     ("run_id", STR), ("round", I64), ("participants", I64),   # clients that trained in the round
     ("test_accuracy", F64), ("test_f1", F64), ("test_loss", F64),
+    ("val_accuracy", F64), ("val_f1", F64),   # the public server hold-out (NaN without one, or between evaluations)
     ("clip_norm", F64), ("epsilon", F64), ("mean_train_loss", F64), ("round_seconds", F64),
     ("client_train_seconds", F64), ("communication_seconds", F64), ("aggregation_seconds", F64),
     ("accounting_seconds", F64), ("eval_seconds", F64), ("next_clip_norm", F64), ("noise_multiplier_scale", F64),

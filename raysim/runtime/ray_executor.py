@@ -95,7 +95,8 @@ class RayExecutor:
         self.gpu = cfg.runtime.num_gpus_per_client > 0
         self.cpus = cpus_per_actor(cfg, len(self.actors) or actor_count(cfg))
         self.eval_on = eval_where(cfg)
-        self._test: tuple[int, Any] | None = None
+        # id(x) -> (x, its object ref): x is kept so that its id cannot be reused by another tensor
+        self._eval_sets: dict[int, tuple[Any, Any]] = {}
         if not self.actors:
             self.actors = start_client_actors(cfg, self.placement_group)
             self._pending = [a.ready.remote() for a in self.actors]
@@ -161,9 +162,9 @@ class RayExecutor:
         else None: the simulation evaluates in the driver."""
         if self.eval_on != "actor":
             return None
-        if self._test is None or self._test[0] != id(x):
-            self._test = (id(x), ray.put((x, y, num_classes)))
-        return ray.get(self.actors[0].evaluate.remote(weights, self._test[1], self.setup_ref))
+        if id(x) not in self._eval_sets:   # the test split, and the validation hold-out if any
+            self._eval_sets[id(x)] = (x, ray.put((x, y, num_classes)))
+        return ray.get(self.actors[0].evaluate.remote(weights, self._eval_sets[id(x)][1], self.setup_ref))
 
     def placements(self) -> list[dict[str, Any]]:
         return ray.get([a.where.remote() for a in self.actors])

@@ -56,7 +56,7 @@ def test_result_hash_covers_every_key_that_changes_results_and_no_other():
             {"data": {"root": "/elsewhere", "cache_dir": "/tmp/c"}}]
     for change in same:
         assert result_hash(config_from_dict({"rounds": 3, **change})) == result_hash(base), change
-    moved = [{"model": "wrn16_4"}, {"eval_every": 2}, {"participation": "poisson"}, {"clients_per_round": 5},
+    moved = [{"model": "wrn16_4"}, {"eval_every": 2}, {"replicate": 1}, {"participation": "poisson"}, {"clients_per_round": 5},
              {"runtime": {"torch_threads": 2}}, {"adpc": {"c0": 2.0}}, {"data": {"alpha": 0.1}}]
     hashes = {result_hash(config_from_dict({"rounds": 3, **change})) for change in moved}
     assert len(hashes) == len(moved) and result_hash(base) not in hashes
