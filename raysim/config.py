@@ -4,7 +4,7 @@ YAML (or a dict) in, a tree of frozen dataclasses out. Every key a user can set 
 here; an unknown key, a wrong type or an out-of-range value raises ``ConfigError`` (a
 ``ValueError``) with a one-line message naming the key. Keys marked *(R)* in the field
 comments are reconstructions of choices the FedDimDP paper does not state (see
-docs/methods.md); their defaults follow SPEC.md.
+docs/methods.md, "Reconstructed settings").
 """
 
 from __future__ import annotations

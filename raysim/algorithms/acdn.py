@@ -1,4 +1,4 @@
-"""DP-ACDN (SPEC §4, reconstructed (R)): decaying noise schedule + server-side EMA denoising.
+"""DP-ACDN (reconstructed (R), docs/methods.md): decaying noise schedule + server-side EMA denoising.
 
 The paper names this baseline "adaptive noise / communication denoising" without a usable
 description; the rules below are the project's reconstruction.
@@ -56,5 +56,5 @@ class ACDNServer(Server):
 
 DP_ACDN = register(MethodSpec(
     name="dp-acdn", summary="DP-ACDN (R): σ_t = σ_0·acdn.gamma^(t−1) calibrated to ε, server EMA of aggregates",
-    source="paper's DP-ACDN baseline ('adaptive noise / communication denoising'); reconstructed per SPEC §4",
+    source="paper's DP-ACDN baseline ('adaptive noise / communication denoising'); reconstructed (docs/methods.md)",
     server=ACDNServer, private=True))

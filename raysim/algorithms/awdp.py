@@ -1,4 +1,4 @@
-"""AWDP-FL (SPEC §4, reconstructed (R)): adaptive per-layer clipping thresholds.
+"""AWDP-FL (reconstructed (R), docs/methods.md): adaptive per-layer clipping thresholds.
 
 Clients run DP-SGD with per-layer clipping (``MethodSpec.per_layer_clipping``): layer k of each
 example's gradient is clipped to C_k = C·w_k with Σ_k w_k² = 1, so one example's clipped gradient
@@ -64,5 +64,5 @@ class AWDPServer(Server):
 
 AWDP_FL = register(MethodSpec(
     name="awdp-fl", summary="AWDP-FL (R): per-layer thresholds C_k = C·w_k, Σw_k² = 1, w_k ∝ EMA of layer update norms",
-    source="paper's AWDP-FL baseline ('adaptive privacy weighting'); reconstructed per SPEC §4",
+    source="paper's AWDP-FL baseline ('adaptive privacy weighting'); reconstructed (docs/methods.md)",
     server=AWDPServer, private=True, per_layer_clipping=True, uploads=awdp_uploads))

@@ -1,4 +1,4 @@
-"""FedACG (Kim et al., CVPR 2024): accelerated client gradient via a broadcast look-ahead (SPEC §4).
+"""FedACG (Kim et al., CVPR 2024): accelerated client gradient via a broadcast look-ahead (docs/methods.md).
 
 Server, round t: broadcast w̃ = w + λ·m^(t−1); clients start from w̃ and minimise
 f_i(w) + (β/2)‖w − w̃‖² with local (DP-)SGD; with Δ_i = w_i − w̃ the server sets

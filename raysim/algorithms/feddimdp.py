@@ -1,4 +1,4 @@
-"""FedDimDP (SPEC §3): LLDM client model + ADPC adaptive clipping + CRA robust aggregation.
+"""FedDimDP (docs/methods.md): LLDM client model + ADPC adaptive clipping + CRA robust aggregation.
 
 The three components are switches of the one method, ``feddimdp.lldm``, ``feddimdp.adpc`` and
 ``feddimdp.cra`` (all true by default); with all three off the method is FedSA (DP-SGD at a fixed C,
@@ -184,7 +184,7 @@ class FedDimDPServer(Server):
         return Aggregate(new_weights, logs, round_logs)
 
 
-_SOURCE = "FedDimDP, arXiv 2602.06838 (withdrawn); reconstructed per SPEC §3"
+_SOURCE = "FedDimDP, arXiv 2602.06838 (withdrawn); reconstructed (docs/methods.md)"
 
 
 def _uses_lldm(cfg: Config) -> bool:

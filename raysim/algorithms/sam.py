@@ -1,4 +1,4 @@
-"""DP-FedSAM (Shi et al., CVPR 2023): local sharpness-aware minimisation under DP-SGD (SPEC §4).
+"""DP-FedSAM (Shi et al., CVPR 2023): local sharpness-aware minimisation under DP-SGD (docs/methods.md).
 
 Each local step takes the privatised gradient at the perturbed point ŵ = w + ρ·g/‖g‖ and steps
 from w (``sam.rho`` = 0.05 (R) for this CNN). ``sam.mode`` (R) chooses where g comes from:

@@ -1,6 +1,6 @@
 """The privacy plan of a run: clipping mode, per-client σ, and what each round costs.
 
-Privacy model (SPEC §2): record-level DP per client (add/remove one example of one client),
+Privacy model (docs/privacy.md): record-level DP per client (add/remove one example of one client),
 honest-but-curious server, each client accounted separately. Per round, client i makes
 τ_i = E·⌈n_i/B⌉ Poisson-subsampled Gaussian releases with q_i = B/n_i, plus whatever side
 channels the method adds (e.g. a noised validation F1). With ``privacy.epsilon`` given, σ_i is

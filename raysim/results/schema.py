@@ -1,4 +1,4 @@
-"""Fixed schemas of the result tables (SPEC §5).
+"""Fixed schemas of the result tables (docs/architecture.md, "Results").
 
 Every file of a table has the full schema, with nulls where a method does not log a column,
 so a results folder mixing methods reads as one table and no column is dropped by schema

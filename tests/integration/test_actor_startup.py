@@ -10,7 +10,7 @@ from raysim.data import load_dataset
 
 pytestmark = pytest.mark.integration
 
-#: Server-side or user-facing packages that must never load in a client actor (issue 12).
+#: Server-side or user-facing packages that must never load in a client actor.
 FORBIDDEN = ("pandas", "pyarrow", "matplotlib", "sklearn", "raysim.cli", "raysim.experiment", "raysim.results",
              "raysim.simulation", "raysim.analysis", "raysim.privacy.accounting", "dp_accounting", "opacus")
 

@@ -1,4 +1,4 @@
-"""Dependencies point one way (STYLE.md): no import cycles between raysim's modules, the runtime is
+"""Dependencies point one way (docs/architecture.md, "Layering"): no import cycles between raysim's modules, the runtime is
 plugged in from outside, and only the runtime imports ray.
 
 The graph holds every import of a raysim module, module-level or inside a function (a lazy import
