@@ -315,3 +315,51 @@ def _example_norm_panel(ax, run: pd.Series, true: pd.DataFrame, private: pd.Data
     ax.grid(alpha=0.3, which="both")
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.legend(fontsize=7)
+
+
+def plot_tuning(tuning: pd.DataFrame, out_dir: str | Path) -> list[Path]:
+    """One figure per tune: each contestant's validation objective against lr (search stage: the mean
+    over tuning seeds, the best over the other searched keys at each lr; private mode: every draw), with
+    the chosen candidate circled. Failed and diverged candidates are drawn as crosses at the bottom."""
+    if tuning.empty:
+        raise NothingToPlot("no tuning table (run `raysim tune`)")
+    paths = []
+    for tune_id, t in tuning.groupby("tune_id", sort=True):
+        search = t[t["stage"].isin(["search", "private"])]
+        if search.empty:
+            continue
+        labels = list(dict.fromkeys(search["contestant"]))
+        cmap = matplotlib.colormaps["tab10"]
+        fig = Figure(figsize=(7, 4.6))
+        ax = fig.subplots()
+        bottom = np.nanmin(search["objective"].astype(float)) if search["objective"].notna().any() else 0.0
+        for i, label in enumerate(labels):
+            g = search[search["contestant"] == label]
+            colour = cmap(i % 10)
+            if (g["stage"] == "private").any():
+                ok = g[g["objective"].notna()]
+                ax.scatter(ok["lr"], ok["objective"], color=colour, s=18, label=f"{label} (draws)")
+                best = ok[ok["chosen"]]
+            else:
+                per = g.groupby(["candidate", "lr"], as_index=False).agg(objective=("candidate_objective", "first"),
+                                                                         chosen=("chosen", "any"))
+                ok = per[per["objective"].notna()]
+                line = ok.groupby("lr")["objective"].max().sort_index()
+                ax.plot(line.index, line.values, marker="o", ms=4, color=colour, label=label)
+                best = ok[ok["chosen"]]
+                failed = per[per["objective"].isna()]
+                if len(failed):
+                    ax.scatter(failed["lr"], [bottom] * len(failed), marker="x", color=colour)
+            if len(best):
+                ax.scatter(best["lr"], best["objective"], s=140, facecolors="none", edgecolors=colour, linewidths=2)
+        ax.set_xscale("log")
+        name = t["objective_name"].iloc[0]
+        ax.set_xlabel("learning rate (log scale)")
+        ax.set_ylabel(f"validation {name} (server hold-out)")
+        ax.set_title(f"{t['tune_name'].iloc[0]}: objective vs lr (circled: chosen; x: failed or diverged)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        paths.append(_save(fig, out_dir, f"tuning_{_slug(str(tune_id))}"))
+    if not paths:
+        raise NothingToPlot("no search-stage rows in the tuning table")
+    return paths

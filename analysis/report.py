@@ -15,6 +15,7 @@ import pandas as pd
 from analysis import plots
 from analysis.load import Results, load_results, with_keys
 from analysis.tables import MISSING, PAPER_SUFFIX, summarise, table1, table2, to_markdown
+from raysim.results import read_table
 
 ACCOUNTING_SCOPE = (
     "ε is record-level (ε, δ)-DP per client: neighbouring datasets differ in one training example of one "
@@ -96,6 +97,70 @@ def _summary_display(summary: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def _comparison(rows: list[dict], reference: str | None) -> pd.DataFrame:
+    def ci(lo: float, hi: float, signed: bool = False) -> str:
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            return MISSING
+        return f"[{lo:+.4f}, {hi:+.4f}]" if signed else f"[{lo:.4f}, {hi:.4f}]"
+    out = pd.DataFrame({
+        "contestant": [r["contestant"] for r in rows], "hyperparameters": [r["chosen"] or MISSING for r in rows],
+        "seeds": [r["seeds"] for r in rows],
+        "mean ± std": [MISSING if math.isnan(r["mean"]) else f"{r['mean']:.4f} ± {_fmt_float(r['std'], '{:.4f}')}"
+                       for r in rows],
+        "95% CI": [ci(r["ci_low"], r["ci_high"]) for r in rows],
+    })
+    if reference:
+        out[f"paired Δ vs {reference} (95% CI)"] = [
+            "reference" if "diff" not in r else
+            (MISSING if math.isnan(r["diff"]) else f"{r['diff']:+.4f} {ci(r['diff_low'], r['diff_high'], True)}")
+            for r in rows]
+    return out
+
+
+def _tuning_blocks(tuning: pd.DataFrame) -> list[_Block]:
+    """Per tune: the tuned table beside the fixed one, the chosen values, and the tuning's privacy cost."""
+    from raysim.tune import summarise as summarise_tune
+    blocks: list[_Block] = [_Heading("Tuned comparisons (`raysim tune`)")]
+    for tune_id, t in tuning.groupby("tune_id", sort=True):
+        records = t.to_dict("records")
+        name, objective = t["tune_name"].iloc[0], t["objective_name"].iloc[0]
+        metric = "test_accuracy" if objective == "accuracy" else "test_f1"
+        private = bool(t["private"].iloc[0])
+        reference = next((r for r in t["reference"] if isinstance(r, str)), None)
+        final = t[t["stage"] == ("private" if private else "final")]
+        seeds = sorted(set(final["seed"]))
+        blocks += [_Heading(f"{name} (`{tune_id}`)", 3),
+                   _Text(f"Tuned: each contestant at its best candidate by validation {objective} on the public server "
+                         f"hold-out (never the test split), then the test {objective} over the final seeds {seeds}: "
+                         "mean ± sample std, Student-t 95% confidence interval, and the paired difference to the "
+                         "reference on the same seeds and partitions."),
+                   _Table(_comparison(summarise_tune(records, "private" if private else "final", metric), reference)),
+                   _Text("Fixed: the base config's hyperparameters, same seeds."),
+                   _Table(_comparison(summarise_tune(records, "fixed", metric), reference))]
+        search = t[t["stage"] == "search"]
+        if len(search):
+            chosen = (search[search["chosen"]].groupby("contestant", sort=False)
+                      .agg(candidate=("candidate", "first"), objective=("candidate_objective", "first")).reset_index())
+            n_cand = search.groupby("contestant")["candidate"].nunique()
+            chosen["candidates searched"] = [int(n_cand[c]) for c in chosen["contestant"]]
+            chosen["objective"] = [_fmt_float(v, "{:.4f}") for v in chosen["objective"]]
+            blocks += [_Text("Chosen values (mean validation objective over the tuning seeds):"), _Table(chosen)]
+            blocks.append(_Text(
+                f"Privacy: the ε of each run covers that run only; the tuning's privacy cost is not included (the "
+                f"field's common practice). {search[['contestant', 'candidate']].drop_duplicates().shape[0]} candidate "
+                f"configurations were trained on the clients' data on {search['seed'].nunique()} tuning seed(s): "
+                f"{len(search)} training runs before the final seeds."))
+        else:
+            eps = final.groupby("contestant", sort=False)["released_epsilon"].max()
+            draws = final.groupby("contestant", sort=False).size()
+            blocks.append(_Text(
+                "Privacy (private tuning, Papernot & Steinke 2022): on each final seed a random number of candidates "
+                "was trained and only the best by validation released; ε of the released model, tuning included "
+                "(largest over the seeds, at the runs' δ): "
+                + "; ".join(f"{c}: ε ≤ {_fmt_float(e, '{:.3f}')} ({draws[c]} draws)" for c, e in eps.items()) + "."))
+    return blocks
+
+
 def _blocks(folder: str, results: Results, figures_dir: Path, out: Path) -> tuple[list[_Block], pd.DataFrame]:
     runs = with_keys(results.runs).sort_values(["method", "dataset", "seed", "run_id"])
     counts = runs["status"].value_counts()
@@ -131,6 +196,10 @@ def _blocks(folder: str, results: Results, figures_dir: Path, out: Path) -> tupl
                                 "seed (see `n_configs`)."))
         blocks.append(_Table(_summary_display(summary)))
 
+    tuning = read_table(folder, "tuning")
+    if not tuning.empty:
+        blocks += _tuning_blocks(tuning)
+
     note = (f"Our cells: accuracy / macro-F1 of the final round, mean ± std over completed seeds (n = number of seeds); "
             f"{MISSING} = no completed run. Columns marked '{PAPER_SUFFIX}' are the numbers the FedDimDP paper "
             "reports, copied for comparison: they are the paper's claims, not results of this project, "
@@ -160,6 +229,9 @@ def _blocks(folder: str, results: Results, figures_dir: Path, out: Path) -> tupl
     figure(lambda: plots.plot_robust_weights(results, figures_dir), "CRA robust weights per client and round")
     figure(lambda: plots.plot_epsilon_vs_accuracy(results, figures_dir), "ε spent vs test accuracy")
     figure(lambda: plots.plot_partition(results, figures_dir), "Training examples per client and class (one run)")
+    if not tuning.empty:
+        figure(lambda: plots.plot_tuning(tuning, figures_dir),
+               "Validation objective against the learning rate, per contestant (`raysim tune`)")
     if notes:
         blocks += [_Heading("Figures not drawn", 3), _Text("\n".join(f"- {n}" for n in notes))]
     return blocks, summary

@@ -50,6 +50,8 @@ class DataConfig:
     shards_per_client: int = 2         # (R) SVHN class-grouped partition
     shard_size_sigma: float = 1.0      # (R) log-normal quantity skew of the shards partitioner
     val_fraction: float = 0.1          # (R) local validation split for CRA's q_i
+    train_subsample: int | None = None  # keep a fixed subset of this many training images, the same for every
+                                        # seed (stream (0, "train-subsample")): a smaller data set for quick studies
     test_subsample: int | None = None  # evaluate on a seeded subset of the test split (None = all)
     server_holdout: int | None = None  # public server hold-out (training images removed before partitioning,
                                        # owned by no client); None: 500 with cra.utility=server_val_f1, else 0
@@ -344,6 +346,8 @@ def validate(cfg: Config) -> Config:
         _fail("adpc.histogram_noise_multiplier", f"must be > 0 (the histogram is a private release), "
                                                  f"got {cfg.adpc.histogram_noise_multiplier}")
     _choice("cra.utility", cfg.cra.utility, ("local_val_f1", "server_val_f1"))
+    if d.train_subsample is not None and d.train_subsample < 1:
+        _fail("data.train_subsample", f"must be >= 1 (or null: the whole training split), got {d.train_subsample}")
     if d.server_holdout is not None and d.server_holdout < 0:
         _fail("data.server_holdout", f"must be >= 0, got {d.server_holdout}")
     if cfg.cra.utility == "server_val_f1" and d.server_holdout == 0:

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Protocol
+
+import numpy as np
 
 from raysim.algorithms.registry import get_method, resolve_preset
 from raysim.config import Config, ConfigError, run_id_for
 from raysim.data import DATASETS, load_dataset
 from raysim.results import ResultsSink
 from raysim.results.rows import now, run_row
+from raysim.rng import np_generator
 from raysim.simulation import RoundRecord, SetupRecord, load_checkpoint
 from raysim.state_store import delete_files
 
@@ -27,9 +31,19 @@ def prepare(cfg: Config) -> tuple[Any, Any]:
     """Check the config against the registries, load (train, test), and run :func:`preflight`."""
     check_config(cfg)
     train = load_dataset(cfg.data.name, "train", cfg.data.root, download=cfg.data.download, cache_dir=cfg.data.cache_dir)
+    train = subsample_train(cfg, train)
     test = load_dataset(cfg.data.name, "test", cfg.data.root, download=cfg.data.download, cache_dir=cfg.data.cache_dir)
     preflight(cfg, train)
     return train, test
+
+
+def subsample_train(cfg: Config, train: Any) -> Any:
+    """The training split, or its fixed subset of ``data.train_subsample`` images (the same for every seed)."""
+    k = cfg.data.train_subsample
+    if k is None or k >= len(train.y):
+        return train
+    keep = np.sort(np_generator(0, "train-subsample").choice(len(train.y), k, replace=False))
+    return dataclasses.replace(train, x=train.x[keep], y=train.y[keep])
 
 
 def preflight(cfg: Config, train: Any) -> None:

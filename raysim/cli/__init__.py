@@ -1,4 +1,4 @@
-"""``raysim`` command line: run, methods, privacy, sweep, report.
+"""``raysim`` command line: run, methods, privacy, sweep, tune, report, audit.
 
 One module per command. Each exposes ``register(subparsers) -> None``, which adds the command's
 parser and sets ``func`` (``func(args) -> int`` is the exit code). Building the parser imports
@@ -12,12 +12,12 @@ import argparse
 import sys
 from typing import Sequence
 
-from raysim.cli import audit, methods, privacy, report, run, sweep
+from raysim.cli import audit, methods, privacy, report, run, sweep, tune
 from raysim.config import ConfigError
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
-COMMANDS = (run, methods, privacy, sweep, report, audit)   # in the order `raysim --help` lists them
+COMMANDS = (run, methods, privacy, sweep, tune, report, audit)   # in the order `raysim --help` lists them
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,6 +20,12 @@ SWEEP_COLUMNS = [("run_id", "run_id"), ("alpha", "α"), ("status", "status"), ("
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("sweep", help="run a grid of experiments in parallel on Ray (resumable)")
     p.add_argument("sweep", help="sweep YAML: base config + grid of dotted keys (+ overrides)")
+    add_sweep_options(p)
+    p.set_defaults(func=cmd_sweep)
+
+
+def add_sweep_options(p: argparse.ArgumentParser) -> None:
+    """The options of the commands that run sweeps (``sweep``, ``tune``)."""
     add_run_options(p)
     p.add_argument("--max-concurrent", type=int, default=None, metavar="N",
                    help="runs in flight at once (default: as many as fit the cluster's resources)")
@@ -28,7 +34,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="times a run lost to the cluster (dead node or actors) is resumed from its checkpoint (default 2)")
     p.add_argument("--fresh-actors", action="store_true",
                    help="start new actors for every run instead of reusing warm ones across runs on the same data")
-    p.set_defaults(func=cmd_sweep)
 
 
 class SweepProgress:
@@ -111,11 +116,15 @@ def print_sweep_summary(sweep: Sweep, rows: dict[str, dict[str, Any] | None], re
     return len(bad)
 
 
-def cmd_sweep(args: argparse.Namespace) -> int:
+def check_sweep_options(args: argparse.Namespace) -> None:
     if args.max_concurrent is not None and args.max_concurrent < 1:
         raise ConfigError(f"--max-concurrent must be >= 1, got {args.max_concurrent}")
     if args.retries < 0:
         raise ConfigError(f"--retries must be >= 0, got {args.retries}")
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    check_sweep_options(args)
     sweep = load_sweep(args.sweep, args.overrides, args.data_root, args.address)
     check_sweep(sweep)
     results_dir = args.results_dir
@@ -136,18 +145,24 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(f"  {(rows[run_id] or {}).get('status', 'new'):<10} {run_id}  {run_label(cfg)}")
         return 0
     if todo:
-        from raysim.runtime import execute_row
-        from raysim.runtime.sweep_runner import run_sweep
-        progress = SweepProgress(sweep, todo, results_dir)
-        try:
-            run_sweep(todo, results_dir, sweep.sweep_id,
-                      run_one=functools.partial(execute_row, restart=True) if args.restart else execute_row, address=args.address, max_concurrent=args.max_concurrent, retries=args.retries,
-                      reuse_actors=not args.fresh_actors, listener=progress)
-        except KeyboardInterrupt:
-            progress.close()
-            print("raysim: sweep interrupted; rerun the same command to resume it", file=sys.stderr)
-            raise
-        finally:
-            progress.close()
+        execute_sweep(sweep, todo, results_dir, args)
     failed = print_sweep_summary(sweep, read_statuses(sweep, results_dir), results_dir)
     return 1 if failed else 0
+
+
+def execute_sweep(sweep: Sweep, todo: Sequence[Config], results_dir: str, args: argparse.Namespace) -> None:
+    """Run ``todo`` (runs of ``sweep``) in parallel on Ray with a progress bar (``args``: the sweep options)."""
+    from raysim.runtime import execute_row
+    from raysim.runtime.sweep_runner import run_sweep
+    progress = SweepProgress(sweep, todo, results_dir)
+    try:
+        run_sweep(todo, results_dir, sweep.sweep_id,
+                  run_one=functools.partial(execute_row, restart=True) if args.restart else execute_row,
+                  address=args.address, max_concurrent=args.max_concurrent, retries=args.retries,
+                  reuse_actors=not args.fresh_actors, listener=progress)
+    except KeyboardInterrupt:
+        progress.close()
+        print("raysim: sweep interrupted; rerun the same command to resume it", file=sys.stderr)
+        raise
+    finally:
+        progress.close()

@@ -51,5 +51,21 @@ PARTITIONS = pa.schema([
     ("run_id", STR), ("client_id", I64), ("label", I64), ("count", I64), ("split", STR),
 ])
 
-SCHEMAS: dict[str, pa.Schema] = {"runs": RUNS, "rounds": ROUNDS, "clients": CLIENTS, "partitions": PARTITIONS}
+#: ``raysim tune``: one row per planned run of a tune (stage search | final | fixed | private).
+TUNING = pa.schema([
+    ("tune_id", STR), ("tune_name", STR), ("contestant", STR), ("method", STR), ("stage", STR),
+    ("candidate", STR), ("params", STR),           # the searched keys and values: a label, and JSON
+    ("lr", F64), ("clip_norm", F64), ("seed", I64), ("draw", I64),   # draw: the replicate of a private-mode draw
+    ("run_id", STR), ("status", STR),              # completed | diverged | failed | missing
+    ("objective_name", STR), ("objective", F64),   # the run's validation objective (server hold-out)
+    ("candidate_objective", F64),                  # search: the candidate's mean objective over the tuning seeds
+    ("test_accuracy", F64), ("test_f1", F64), ("epsilon", F64),
+    ("released_epsilon", F64),                     # private: ε of the released model, tuning included
+    ("reference", STR), ("private", pa.bool_()),   # the tune's reference contestant and mode
+    ("chosen", pa.bool_()),                        # search: the chosen candidate; private: the released draw;
+                                                   # final/fixed: every run (all are reported)
+])
+
+SCHEMAS: dict[str, pa.Schema] = {"runs": RUNS, "rounds": ROUNDS, "clients": CLIENTS, "partitions": PARTITIONS,
+                                 "tuning": TUNING}
 TABLES = tuple(SCHEMAS)

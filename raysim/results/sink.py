@@ -64,6 +64,10 @@ class ResultsSink:
     def write_partition(self, run_id: str, stats: pd.DataFrame) -> None:
         self._write("partitions", run_id, [{"run_id": run_id, **r} for r in stats.to_dict("records")])
 
+    def write_tuning(self, tune_id: str, rows: list[Mapping[str, Any]]) -> None:
+        """A tune's table, rewritten whole (a rerun of the same tune writes the same rows)."""
+        self._write("tuning", tune_id, rows)
+
     def read_run(self, run_id: str) -> dict[str, Any] | None:
         path = posixpath.join(self.root, "runs", f"{run_id}.parquet")
         if self.fs.get_file_info(path).type == pafs.FileType.NotFound:

@@ -29,7 +29,7 @@ __all__ = ["ActorPool", "pool_key"]
 def pool_key(cfg: Config) -> str:
     """Runs with equal keys can share actors: same data, same per-actor resources and restart policy."""
     d, r = cfg.data, cfg.runtime
-    return json.dumps({"data": [d.name, d.root, d.cache_dir], "actors": actor_count(cfg),
+    return json.dumps({"data": [d.name, d.root, d.cache_dir, d.train_subsample], "actors": actor_count(cfg),
                        "cpus": r.num_cpus_per_client, "gpus": r.num_gpus_per_client,
                        "gpu_memory_fraction": r.gpu_memory_fraction, "restarts": r.max_actor_restarts},
                       sort_keys=True)

@@ -1,0 +1,153 @@
+"""``raysim tune TUNE.yaml``: search each method's hyperparameters on validation data, rerun the best on
+fresh seeds, and print the tuned table (mean ± std, 95 % CI, paired differences) beside the fixed one."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from typing import Any, Mapping, Sequence
+
+from raysim.cli.common import format_cell, print_table
+from raysim.cli.sweep import add_sweep_options, check_sweep_options, execute_sweep
+from raysim.config import ConfigError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("tune", help="tune each method on validation data, then compare on fresh seeds "
+                                           "with confidence intervals (resumable)")
+    p.add_argument("tune", help="tune YAML: base config, contestants, search space, tuning and final seeds")
+    add_sweep_options(p)
+    p.set_defaults(func=cmd_tune)
+
+
+def _run_stage(tune: Any, stage: str, runs: Sequence[Any], results_dir: str, args: argparse.Namespace
+               ) -> dict[str, dict[str, Any] | None]:
+    """Run one stage as a sweep: completed and diverged runs are not redone. Returns every run's row."""
+    from raysim.sweep import check_sweep, read_statuses
+    from raysim.tune import as_sweep, diverged
+    sweep = as_sweep(tune, stage, runs)
+    check_sweep(sweep)
+    rows = read_statuses(sweep, results_dir)
+    todo = [cfg for cfg, run_id in zip(sweep.configs, sweep.run_ids)
+            if (rows[run_id] or {}).get("status") != "completed" and not diverged(rows[run_id])]
+    print(f"tune {tune.name}, {stage}: {len(sweep.configs)} runs, {len(sweep.configs) - len(todo)} done, "
+          f"{len(todo)} to run", flush=True)
+    if todo and not args.dry_run:
+        execute_sweep(sweep, todo, results_dir, args)
+        rows = read_statuses(sweep, results_dir)
+    return rows
+
+
+def _ci(row: Mapping[str, Any], lo: str, hi: str) -> str:
+    a, b = row.get(lo), row.get(hi)
+    if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)):
+        return ""
+    return f"[{a:+.4f}, {b:+.4f}]" if lo.startswith("diff") else f"[{a:.4f}, {b:.4f}]"
+
+
+def print_comparison(tune: Any, table: list[dict[str, Any]], stage: str, title: str) -> None:
+    from raysim.tune import summarise
+    metric = "test_accuracy" if tune.objective == "accuracy" else "test_f1"
+    rows = summarise(table, stage, metric)
+    for r in rows:
+        r["mean_std"] = "" if math.isnan(r["mean"]) else f"{r['mean']:.4f} ± {format_cell(r['std']) or '—'}"
+        r["ci"] = _ci(r, "ci_low", "ci_high")
+        if "diff" in r:
+            r["delta"] = "" if math.isnan(r["diff"]) else f"{r['diff']:+.4f} {_ci(r, 'diff_low', 'diff_high')}"
+    print(f"\n{title}")
+    columns = [("contestant", "contestant"), ("chosen", "hyperparameters"), ("seeds", "seeds"),
+               ("mean_std", f"test {tune.objective} mean ± std"), ("ci", "95% CI")]
+    if tune.reference:
+        columns.append(("delta", f"paired Δ vs {tune.reference} (95% CI)"))
+    print_table(rows, columns)
+
+
+def privacy_statement(tune: Any, table: list[dict[str, Any]], epsilons: Mapping[str, float] | None = None,
+                      delta: float | None = None) -> str:
+    """In words: what the tuning cost in privacy (private mode) or that its cost is not counted."""
+    search = [r for r in table if r["stage"] == "search"]
+    if not tune.private:
+        cands = len({(r["contestant"], r["candidate"]) for r in search})
+        return (f"Privacy: ε above is per training run; the tuning's privacy cost is NOT included (the field's common "
+                f"practice). {cands} candidate configurations were trained on the clients' data on "
+                f"{len(tune.tuning_seeds)} tuning seed(s) ({len(search)} training runs), before the "
+                f"{len(tune.final_seeds)} final seeds.")
+    draws = [r for r in table if r["stage"] == "private"]
+    parts = [f"{label} ε ≤ {eps:.3f}" for label, eps in (epsilons or {}).items()]
+    return (f"Privacy (private tuning, Papernot & Steinke 2022): on each final seed the number of candidates K was drawn "
+            f"from {tune.count.describe()} (E[K] = {tune.count.mean:.2f}; {len(draws)} draws in all) and only the best "
+            f"by validation was released. ε of the released model, tuning included, at δ = {delta:g}: "
+            + "; ".join(parts) + ".")
+
+
+def private_epsilons(tune: Any, runs: Sequence[Any], rows: Mapping[str, Mapping[str, Any] | None]) -> dict[str, float]:
+    """Per contestant: the largest ε over the final seeds of the released model, tuning included."""
+    import json
+    import numpy as np
+    from raysim.privacy.tuning import ORDERS, tuned_epsilon
+    out: dict[str, float] = {}
+    for c in tune.contestants:
+        worst = 0.0
+        for seed in tune.final_seeds:
+            curves = []
+            for r in runs:
+                if r.stage == "private" and r.contestant == c.label and r.seed == seed:
+                    raw = (rows.get(r.run_id) or {}).get("rdp_epsilons")
+                    if raw is None:
+                        raise ConfigError(f"run {r.run_id} has no RDP curve in the runs table; rerun it")
+                    curves.append(np.asarray(json.loads(raw) if isinstance(raw, str) else raw, dtype=np.float64))
+            if curves:
+                delta = runs[0].cfg.privacy.delta
+                worst = max(worst, tuned_epsilon(curves, ORDERS, delta, tune.count))
+        out[c.label] = worst
+    return out
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from raysim.results import ResultsSink
+    from raysim.sweep import sweep_id_for
+    from raysim.tune import (choose, final_runs, load_tune, private_runs, released, search_runs, tuning_rows)
+    check_sweep_options(args)
+    tune = load_tune(args.tune, args.overrides, args.data_root, args.address)
+    results_dir = args.results_dir if "://" in args.results_dir else os.path.abspath(args.results_dir)
+    if tune.private:
+        runs = private_runs(tune)
+        rows = _run_stage(tune, "private", runs, results_dir, args)
+        if args.dry_run:
+            return 0
+        best = released(tune, runs, rows)
+        chosen_ids = {r.run_id for r in best.values() if r is not None}
+        chosen_ids |= {r.run_id for r in runs if r.stage == "fixed"}
+    else:
+        runs = search_runs(tune)
+        rows = _run_stage(tune, "search", runs, results_dir, args)
+        if args.dry_run:
+            print(f"tune {tune.name}, final: run after the search ({len(tune.contestants)} contestants × "
+                  f"{len(tune.final_seeds)} final seeds, tuned and fixed)")
+            return 0
+        chosen = choose(tune, runs, rows)
+        for c in tune.contestants:
+            print(f"  {c.label}: " + (chosen[c.label].label if chosen[c.label] is not None
+                                      else "every candidate failed or diverged; no final runs"))
+        final = final_runs(tune, chosen)
+        rows = {**rows, **_run_stage(tune, "final", final, results_dir, args)}
+        chosen_ids = {r.run_id for r in runs if chosen[r.contestant] == r.candidate}
+        chosen_ids |= {r.run_id for r in final}
+        runs = runs + final
+    tune_id = sweep_id_for(tune.name, [r.run_id for r in runs])
+    table = tuning_rows(tune, tune_id, runs, rows, chosen_ids)
+    ResultsSink(results_dir).write_tuning(tune_id, table)
+    tuned_stage = "private" if tune.private else "final"
+    print_comparison(tune, table, tuned_stage,
+                     f"Tuned: each contestant at its best candidate on validation ({tune.objective} on the server "
+                     f"hold-out), test {tune.objective} over final seeds {list(tune.final_seeds)}")
+    print_comparison(tune, table, "fixed", "Fixed: every contestant at the base config's hyperparameters, same seeds")
+    epsilons = private_epsilons(tune, runs, rows) if tune.private else None
+    print("\n" + privacy_statement(tune, table, epsilons, runs[0].cfg.privacy.delta))
+    print(f"\nResults (Parquet, tune_id {tune_id}): {results_dir}/tuning, /runs, /rounds, /clients")
+    bad = [r for r in table if r["status"] not in ("completed", "diverged")]
+    if bad:
+        print(f"{len(bad)} run(s) did not complete; rerun the same command to resume them.", file=sys.stderr)
+    return 1 if bad else 0

@@ -1,0 +1,135 @@
+"""Tune files: parsing, the search space, seeds, choosing on validation, and the intervals."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from raysim.config import ConfigError
+from raysim.tune import (Candidate, candidates, choose, final_runs, mean_ci, parse_tune, search_runs, space_of,
+                         summarise, tuning_rows)
+
+BASE = {"rounds": 2, "num_clients": 4, "batch_size": 32, "lr": 0.1, "privacy": {"epsilon": 8.0},
+        "data": {"name": "digits", "server_holdout": 100, "min_samples_per_client": 20},
+        "runtime": {"executor": "serial"}}
+
+
+def spec(**changes):
+    values = {"base": BASE, "methods": ["fedsa", "feddimdp"], "space": {"lr": [0.05, 0.1, 0.2]},
+              "tuning_seeds": [10, 11], "final_seeds": [0, 1, 2], "reference": "fedsa"}
+    values.update(changes)
+    return parse_tune(values, name="t")
+
+
+def test_final_seeds_must_be_disjoint_from_tuning_seeds():
+    with pytest.raises(ConfigError, match="disjoint"):
+        spec(tuning_seeds=[1, 2], final_seeds=[2, 3])
+    tune = spec()
+    runs = search_runs(tune)
+    assert {r.seed for r in runs} == {10, 11}
+    final = final_runs(tune, {"fedsa": Candidate((("lr", 0.2),)), "feddimdp": None})
+    assert {r.seed for r in final} == {0, 1, 2}
+    assert not {r.seed for r in runs} & {r.seed for r in final}
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"objective": "test_accuracy"}, "objective"),
+    ({"methods": []}, "methods"),
+    ({"search": "random"}, "budget"),
+    ({"space": {"lr": {"log": [0.1, 0.01], "num": 3}}}, "lo < hi"),
+    ({"space": {"lr": {"log": [0.01, 0.1]}}}, "num >= 2"),
+    ({"reference": "fedavg"}, "reference"),
+    ({"frobnicate": 1}, "unknown key"),
+    ({"base": {**BASE, "data": {"name": "digits"}}}, "server_holdout"),
+    ({"space": {"lr": [0.1], "no_such_key": [1]}}, "no_such_key"),
+])
+def test_bad_tune_files_are_one_line_config_errors(changes, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        spec(**changes)
+    assert "\n" not in str(info.value)
+
+
+def test_default_space_is_a_30x_log_grid_around_the_base_lr_and_clip_only_for_fixed_clip_methods():
+    tune = spec(space={"privacy.clip_norm": [0.5, 2.0]},
+                methods=["fedsa", "feddimdp", "feddimdp-no-adpc", "dp-fedavg-adaptive"])
+    by = {c.label: dict(space_of(tune, c)) for c in tune.contestants}
+    lrs = [c.as_dict()["lr"] for c in candidates(tune, tune.contestants[0])]
+    assert len(set(lrs)) == 5 and max(lrs) / min(lrs) == pytest.approx(30, rel=1e-4)
+    assert math.sqrt(max(lrs) * min(lrs)) == pytest.approx(0.1, rel=1e-4)
+    assert "privacy.clip_norm" in by["fedsa"] and "privacy.clip_norm" in by["feddimdp-no-adpc"]
+    assert "privacy.clip_norm" not in by["feddimdp"] and "privacy.clip_norm" not in by["dp-fedavg-adaptive"]
+    assert len(candidates(tune, tune.contestants[0])) == 10
+
+
+def test_random_search_is_seeded_distinct_and_within_bounds():
+    tune = spec(search="random", budget=6, space={"lr": {"log": [0.01, 1.0]}, "privacy.clip_norm": [0.5, 1, 2]})
+    a = candidates(tune, tune.contestants[0])
+    assert a == candidates(tune, tune.contestants[0]) and len(set(a)) == 6
+    assert all(0.01 <= c.as_dict()["lr"] <= 1.0 and c.as_dict()["privacy.clip_norm"] in (0.5, 1, 2) for c in a)
+    assert candidates(spec(search="random", budget=6, search_seed=1, space={"lr": {"log": [0.01, 1.0]}}),
+                      tune.contestants[0]) != a
+
+
+def _rows(tune, runs, objective):
+    """Fake runs rows: validation objective from ``objective(contestant, lr, seed)``; test = 1 - val."""
+    rows = {}
+    for r in runs:
+        val = objective(r.contestant, r.cfg.lr, r.seed)
+        rows[r.run_id] = None if val is None else (
+            {"status": "failed", "error": "TrainingDiverged: nan"} if val == "diverged" else
+            {"status": "completed", "final_val_accuracy": val, "final_test_accuracy": 1 - val,
+             "final_test_f1": 0.5, "epsilon": 8.0})
+    return rows
+
+
+def test_choice_maximises_mean_validation_and_a_diverged_seed_fails_the_candidate():
+    tune = spec()
+
+    def objective(label, lr, seed):
+        if label == "fedsa":
+            return {0.05: 0.5, 0.1: 0.6, 0.2: 0.9 if seed == 10 else "diverged"}[lr]
+        return {0.05: 0.7, 0.1: 0.6 + (seed - 10) * 0.2, 0.2: 0.1}[lr]   # 0.1: mean 0.7 ties with 0.05
+
+    runs = search_runs(tune)
+    chosen = choose(tune, runs, _rows(tune, runs, objective))
+    assert chosen["fedsa"].as_dict() == {"lr": 0.1}      # 0.2 has a diverged seed: failed
+    assert chosen["feddimdp"].as_dict() == {"lr": 0.05}  # ties go to the first candidate
+
+
+def test_every_candidate_failing_leaves_no_choice_and_no_final_runs():
+    tune = spec(methods=["fedsa"], reference=None)
+    runs = search_runs(tune)
+    chosen = choose(tune, runs, _rows(tune, runs, lambda *a: "diverged"))
+    assert chosen == {"fedsa": None}
+    assert {r.stage for r in final_runs(tune, chosen)} == {"fixed"}
+
+
+def test_summary_intervals_and_paired_differences_match_scipy():
+    tune = spec()
+    chosen = {"fedsa": Candidate((("lr", 0.2),)), "feddimdp": Candidate((("lr", 0.05),))}
+    final = final_runs(tune, chosen)
+    test_acc = {("fedsa", 0): 0.80, ("fedsa", 1): 0.70, ("fedsa", 2): 0.75,
+                ("feddimdp", 0): 0.71, ("feddimdp", 1): 0.66, ("feddimdp", 2): 0.60}
+    rows = _rows(tune, final, lambda label, lr, seed: 1 - test_acc[(label, seed)])
+    table = tuning_rows(tune, "tid", final, rows, {r.run_id for r in final})
+    got = {r["contestant"]: r for r in summarise(table, "final")}
+    x = np.array([0.71, 0.66, 0.60])
+    ref = np.array([0.80, 0.70, 0.75])
+    lo, hi = stats.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=stats.sem(x))
+    assert got["feddimdp"]["mean"] == pytest.approx(x.mean())
+    assert got["feddimdp"]["std"] == pytest.approx(x.std(ddof=1))
+    assert (got["feddimdp"]["ci_low"], got["feddimdp"]["ci_high"]) == pytest.approx((lo, hi))
+    d = x - ref
+    ci = stats.ttest_1samp(d, 0.0).confidence_interval(0.95)
+    assert got["feddimdp"]["diff"] == pytest.approx(d.mean())
+    assert (got["feddimdp"]["diff_low"], got["feddimdp"]["diff_high"]) == pytest.approx((ci.low, ci.high))
+    assert got["feddimdp"]["paired"] == 3 and "diff" not in got["fedsa"]
+
+
+def test_mean_ci_edge_cases():
+    assert all(math.isnan(v) for v in mean_ci([]))
+    mean, std, lo, hi = mean_ci([0.5])
+    assert mean == 0.5 and math.isnan(std) and math.isnan(lo)
