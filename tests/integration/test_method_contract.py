@@ -19,7 +19,7 @@ import raysim.training as training
 from raysim.algorithms.registry import all_methods, get_method, resolve_preset
 from raysim.config import config_from_dict
 from raysim.results import read_table
-from raysim.results.schema import CLIENTS, ROUNDS
+from raysim.results.schema import SCHEMAS
 from raysim.runtime import execute
 
 METHODS = [spec.name for spec in all_methods()]
@@ -85,9 +85,9 @@ def test_declared_uploads_reach_the_server_and_the_schema(runs, method):
     names = [u.name for u in uploads]
     assert len(names) == len(set(names)), "upload names must be unique"
     for u in uploads:
-        assert set(u.columns) <= set(CLIENTS.names), f"{u.name}: columns {u.columns} not in the clients schema"
+        assert set(u.columns) <= set(SCHEMAS['clients'].names), f"{u.name}: columns {u.columns} not in the clients schema"
     rounds, clients, runs_row = runs[method]["calibrated"]
-    assert set(rounds.columns) <= set(ROUNDS.names) and set(clients.columns) <= set(CLIENTS.names)
+    assert set(rounds.columns) <= set(SCHEMAS['rounds'].names) and set(clients.columns) <= set(SCHEMAS['clients'].names)
     for u in uploads:
         for col in u.columns:          # what an upload is logged under is actually logged
             assert clients[col].notna().all(), f"{method}: {col} not logged"

@@ -55,5 +55,5 @@ def test_configure_retargets_the_runner_at_another_run(train):
     assert runner.uploads == ()
     cfg = tiny_config(method="feddimdp", privacy__noise_multiplier=1.0)
     runner.configure(cfg, "per_sample")
-    expected = model_for(cfg, train.info, True)
+    expected = model_for(cfg, train.info, {"lldm": True})
     assert count_parameters(runner.model) == count_parameters(expected) and runner.uploads

@@ -57,10 +57,12 @@ def test_lldm_block_after_the_last_stage(name, features):
 
 def test_model_for_reads_the_config():
     info = SimpleNamespace(channels=3, image_size=32, num_classes=7)
-    cfg = config_from_dict({"model": "wrn16_4", "lldm": {"reduction": 0.5}})
-    model = model_for(cfg, info, lldm=True)
+    from raysim.algorithms.registry import get_method
+
+    cfg = config_from_dict({"model": "wrn16_4", "method": "feddimdp", "lldm": {"reduction": 0.5}})
+    model = model_for(cfg, info, get_method("feddimdp").model_options(cfg))
     assert model.fc.out_features == 7 and model.fc.in_features == 128
-    assert type(model_for(config_from_dict({}), info, lldm=False)).__name__ == "CNN"
+    assert type(model_for(config_from_dict({}), info)).__name__ == "CNN"
 
 
 @pytest.mark.parametrize("name", BACKBONES)
