@@ -20,16 +20,18 @@ from raysim.simulation import RoundRecord, SetupRecord, load_checkpoint
 from raysim.state_store import delete_files
 
 
-def check_config(cfg: Config) -> None:
-    """Registry checks (method and its preset, dataset) that config validation cannot do by itself."""
-    resolve_preset(cfg)
+def check_config(cfg: Config) -> Config:
+    """Registry checks (method and its preset, dataset) that config validation cannot do by itself;
+    returns ``cfg`` with its method's presets resolved, the config every later step of the run uses."""
+    cfg = resolve_preset(cfg)
     if cfg.data.name not in DATASETS:
         raise ConfigError(f"config key 'data.name': unknown dataset {cfg.data.name!r}; choose one of {', '.join(sorted(DATASETS))}")
+    return cfg
 
 
 def prepare(cfg: Config) -> tuple[Any, Any]:
     """Check the config against the registries, load (train, test), and run :func:`preflight`."""
-    check_config(cfg)
+    cfg = check_config(cfg)
     train = load_dataset(cfg.data.name, "train", cfg.data.root, download=cfg.data.download, cache_dir=cfg.data.cache_dir)
     train = subsample_train(cfg, train)
     test = load_dataset(cfg.data.name, "test", cfg.data.root, download=cfg.data.download, cache_dir=cfg.data.cache_dir)
@@ -49,7 +51,7 @@ def subsample_train(cfg: Config, train: Any) -> Any:
 def preflight(cfg: Config, train: Any) -> None:
     """Catch user errors (privacy settings, impossible partitions) here, before any actor starts."""
     from raysim.privacy.plan import resolve_clipping
-    from raysim.simulation import make_partition
+    from raysim.run_data import make_partition
     resolve_clipping(get_method(cfg.method), cfg)
     make_partition(cfg, train.y)
 
@@ -89,7 +91,7 @@ def run_experiment(cfg: Config, results_dir: str, backend: Backend, *, sweep_id:
     rounds run again, so the tables end equal to an uninterrupted run's, bit for bit. ``restart``
     starts from scratch instead. ``data`` is the (train, test) pair from :func:`prepare`.
     """
-    cfg = resolve_preset(cfg)
+    cfg = check_config(cfg)   # presets resolved once, here; every later step gets this config
     train, test = data if data is not None else prepare(cfg)
     sink = ResultsSink(results_dir)
     run_id = run_id_for(cfg)

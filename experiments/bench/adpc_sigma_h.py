@@ -23,7 +23,7 @@ from raysim.algorithms.registry import get_method, resolve_preset
 from raysim.config import ConfigError, apply_overrides, cli_overrides, config_from_dict, read_yaml
 from raysim.data import load_dataset
 from raysim.privacy.plan import plan_noise, resolve_clipping
-from raysim.simulation import make_partition
+from raysim.run_data import make_partition
 from raysim.training import sample_rate, steps_per_epoch
 
 GRID = (5, 10, 15, 20, 25, 30, 40, 50, 60, 80, 100)
