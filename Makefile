@@ -37,7 +37,7 @@ test-cluster: install-dev
 test-slow: install-dev
 	$(BIN)/python -m pytest -q -m slow
 
-# The benchmark suite (experiments/bench/README.md) at its default settings, offline on the digits data.
+# The benchmark suite (experiments/bench/README.md), offline on the digits data (about 10 minutes here).
 bench: install-dev
 	$(BIN)/python experiments/bench/dp_step.py
 	$(BIN)/python experiments/bench/dp_step.py --profile
@@ -45,6 +45,7 @@ bench: install-dev
 	$(BIN)/python experiments/bench/sweep_overhead.py
 	$(BIN)/python experiments/bench/population.py --dataset digits --sizes 100 1000
 	$(BIN)/python experiments/bench/adpc_sigma_h.py --config experiments/quickstart.yaml
+	$(BIN)/python experiments/bench/tune_speed.py --lrs 2 --rounds 5 --final-seeds 2
 
 clean:
 	rm -rf $(VENV) results .pytest_cache

@@ -442,13 +442,27 @@ def server_holdout_size(cfg: Config) -> int:
 RESULT_RUNTIME_KEYS = ("torch_threads",)
 
 
+#: ``(cfg, section name) -> bool``: whether the run ``cfg`` uses that method section (installed by the
+#: method registry: the run's method owns the section and has it switched on). None: every section counts.
+_SECTION_IN_USE: list[Callable[[Config, str], bool]] = []
+
+
+def set_section_use(rule: Callable[[Config, str], bool]) -> None:
+    _SECTION_IN_USE[:] = [rule]
+
+
 def result_hash(cfg: Config) -> str:
-    """Hash of every config key that changes results. Where and how fast a run executes does not change
-    its results (the determinism test), so the runtime section, except :data:`RESULT_RUNTIME_KEYS`, and
-    the data paths are not part of it."""
-    d = dataclasses.replace(cfg.data, root=None, cache_dir=None, download=False)
+    """Hash of every config key that changes results: the generic keys, the hold-out size as resolved,
+    ``runtime.torch_threads`` and the method sections the run uses. Where and how fast a run executes
+    does not change its results (the determinism test), so the other runtime keys and the data paths are
+    not part of it, nor are the sections of other methods (or of components switched off)."""
+    d = dataclasses.replace(cfg.data, root=None, cache_dir=None, download=False, server_holdout=server_holdout_size(cfg))
     values = config_to_dict(cfg.replace(data=d))
     values["runtime"] = {key: values["runtime"][key] for key in RESULT_RUNTIME_KEYS}
+    if _SECTION_IN_USE:
+        for name, _ in cfg.sections:
+            if not _SECTION_IN_USE[0](cfg, name):
+                del values[name]
     return _hash_dict(values)
 
 

@@ -88,6 +88,7 @@ class ClientTask(_Wire):
     clip_norm: float | tuple[float, ...]   # C^(t), or per-layer thresholds C_k
     noise_multiplier: float                 # σ of this client's DP-SGD steps this round (0: no noise)
     client_state: dict[str, Any] | None = None  # persisted client state (lives on the server, survives actor restarts)
+    lr_scale: float = 1.0                   # the local steps use lr · lr_scale (a server choice from public values)
 
 
 @dataclass

@@ -56,7 +56,7 @@ def local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, hooks: Clien
     cfg, task = hooks.cfg, hooks.task
     n, batch_size = len(y), cfg.batch_size
     params = [p for p in model.parameters()]
-    optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum)
+    optimizer = torch.optim.SGD(params, lr=cfg.lr * task.lr_scale, momentum=cfg.momentum)
     batch_rng = np_generator(seed, "batches", task.server_round, client_id)
     q = sample_rate(n, batch_size)
     expected_batch = q * n

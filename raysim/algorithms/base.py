@@ -94,15 +94,20 @@ class Server:
     def noise_multiplier(self, client_id: int, server_round: int) -> float:
         return float(self.ctx.noise_multipliers[client_id] * self.sigma_schedule(self.cfg)[server_round - 1])
 
+    def lr_scale(self, server_round: int) -> float:
+        """Factor of ``cfg.lr`` for the round's local steps (FedDimDP's ``adpc.step=normalized``); 1 by default.
+        Computed from the server's state only (public values), so it is post-processing and costs no privacy."""
+        return 1.0
+
     def payload(self, server_round: int, global_weights: torch.Tensor) -> RoundPayload:
         return RoundPayload(server_round, global_weights, global_weights, {})
 
     def tasks(self, server_round: int, client_states: ClientStates,
               participants: Sequence[int]) -> list[ClientTask]:
         """One task per participant of the round (sorted client ids; all clients under full participation)."""
-        clip = self.clip_norm(server_round)
+        clip, lr_scale = self.clip_norm(server_round), self.lr_scale(server_round)
         return [ClientTask(int(cid), server_round, clip, self.noise_multiplier(int(cid), server_round),
-                           client_states.get(int(cid)))
+                           client_states.get(int(cid)), lr_scale)
                 for cid in participants]
 
     def sample_weights(self, results: Sequence[ClientResult]) -> np.ndarray:
@@ -164,6 +169,10 @@ def _plain_model(cfg: Config) -> dict[str, Any]:
     return {}
 
 
+def _every_section(cfg: Config, name: str) -> bool:
+    return True
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     """A registered method: its server and client parts and what it needs from the run.
@@ -202,5 +211,7 @@ class MethodSpec:
     #: fixed C to tune (``raysim tune`` searches it for the fixed-clip methods only)
     adaptive_clip: Callable[[Config], bool] = _never
     params: dict[str, type] = field(default_factory=dict)
+    #: whether a run (presets resolved) uses one of ``params``' sections; the run id hashes only those
+    uses_section: Callable[[Config, str], bool] = _every_section
     client_columns: tuple[tuple[str, str], ...] = ()
     round_columns: tuple[tuple[str, str], ...] = ()

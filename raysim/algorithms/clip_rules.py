@@ -15,6 +15,7 @@ import numpy as np
 
 __all__ = [
     "median", "adpc_next_clip", "histogram_edges", "example_norm_histogram", "histogram_quantile",
+    "pooled_histogram_quantile", "normalized_lr_scale",
     "weighted_quantile", "update_norm_per_step", "denoise_update_norm",
     "quantile_clip_update", "noised_fraction_below", "awdp_layer_weights",
 ]
@@ -110,6 +111,26 @@ def histogram_quantile(counts: np.ndarray, edges: np.ndarray, quantile: float) -
     frac = (target - before) / c[cell] if c[cell] > 0 else 0.0
     lo, hi = math.log(edges[cell - 1]), math.log(edges[cell])
     return float(math.exp(lo + frac * (hi - lo)))
+
+
+def pooled_histogram_quantile(histograms: list[np.ndarray], edges: np.ndarray, quantile: float) -> float:
+    """ADPC's ``adpc.read=pooled`` (R): the ``quantile`` of the cohort's noised histograms summed cell by
+    cell, read by :func:`histogram_quantile` (clamping only the sum, so the clients' zero-mean noise can
+    cancel). With N clients of m examples each and noise σ_h per cell, the pooled signal is N·m and the
+    pooled noise σ_h·√N per cell. Post-processing of the same releases: no extra privacy cost."""
+    if not histograms:
+        raise ValueError("need at least one histogram")
+    stacked = np.stack([np.asarray(h, dtype=np.float64) for h in histograms])
+    return histogram_quantile(stacked.sum(axis=0), edges, quantile)
+
+
+def normalized_lr_scale(c0: float, clip_norm: float) -> float:
+    """ADPC's ``adpc.step=normalized`` (R): the local lr factor C^(0)/C^(t). A clipped per-example gradient
+    has norm ≤ C^(t), so the step's largest size stays that of C^(0) and ADPC moves only what is clipped
+    and the noise scale, not the step (compare automatic clipping, Bu et al. 2023). Public values only."""
+    if c0 <= 0.0 or clip_norm <= 0.0:
+        raise ValueError(f"c0 and clip_norm must be > 0, got {c0}, {clip_norm}")
+    return float(c0 / clip_norm)
 
 
 def weighted_quantile(batches: list[tuple[np.ndarray, np.ndarray]], num_samples: int, quantile: float) -> float:

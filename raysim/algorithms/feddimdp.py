@@ -9,7 +9,9 @@ FedAvg weights), bit for bit. The paper's ablation names are presets of the swit
 * ADPC: C^(t+1) = max(median_i S_i^(t), C_min), optionally smoothed. The default statistic (R)
   ``example_norm_median`` is each client's quantile of its pre-clipping per-example gradient norms,
   read from a histogram that the client noises itself (a Gaussian release of sensitivity 1 per round,
-  composed into its ledger). The literal update-norm statistics are kept as options; they are
+  composed into its ledger); ``adpc.read=pooled`` (R) instead reads one quantile from the cohort's
+  histograms summed. ``adpc.step=normalized`` (R) scales the local lr by C^(0)/C^(t). Both are
+  post-processing of the same releases. The literal update-norm statistics are kept as options; they are
   post-processing of Δw_i and degenerate (docs/methods.md). Off: C = ``privacy.clip_norm`` fixed.
 * CRA: reliability-weighted aggregation with one projected step onto the capped simplex. Its utility
   signal q_i (R, ``cra.utility``) is the local validation macro-F1 (uploaded; not covered by ε unless
@@ -28,7 +30,7 @@ import torch
 from raysim.algorithms.base import Aggregate, MethodContext, MethodSpec, Server, weighted_sum
 from raysim.algorithms.clip_rules import (
     adpc_next_clip, denoise_update_norm, example_norm_histogram, histogram_edges, histogram_quantile,
-    update_norm_per_step, weighted_quantile,
+    normalized_lr_scale, pooled_histogram_quantile, update_norm_per_step, weighted_quantile,
 )
 from raysim.algorithms.cra_math import cra_weights
 from raysim.algorithms.registry import register
@@ -68,6 +70,8 @@ class LLDMParams:
 
 
 ADPC_STATISTICS = ("example_norm_median", "update_norm", "update_norm_per_step", "update_norm_denoised")
+ADPC_READS = ("per_client", "pooled")
+ADPC_STEPS = ("coupled", "normalized")
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,8 @@ class ADPCParams:
     histogram_min: float = 1e-3
     histogram_max: float = 1e3
     histogram_noise_multiplier: float = 25.0  # (R) σ_h of the per-round histogram release (sensitivity 1); docs/methods.md
+    read: str = "per_client"           # (R) per_client (each histogram's quantile, then their median) | pooled (quantile of the summed histograms)
+    step: str = "coupled"              # (R) coupled (local lr fixed) | normalized (local lr scaled by C^(0)/C^(t))
 
     def check(self, cfg: Config) -> None:
         check_choice("adpc.statistic", self.statistic, ADPC_STATISTICS)
@@ -96,6 +102,11 @@ class ADPCParams:
         if not self.histogram_noise_multiplier > 0:
             fail("adpc.histogram_noise_multiplier", f"must be > 0 (the histogram is a private release), "
                                                     f"got {self.histogram_noise_multiplier}")
+        check_choice("adpc.read", self.read, ADPC_READS)
+        if self.read == "pooled" and self.statistic != "example_norm_median":
+            fail("adpc.read", f"pooled sums the clients' norm histograms, which only adpc.statistic=example_norm_median "
+                              f"uploads; got adpc.statistic={self.statistic}")
+        check_choice("adpc.step", self.step, ADPC_STEPS)
         if not 0 < self.smoothing <= 1:
             fail("adpc.smoothing", f"must be in (0, 1], got {self.smoothing}")
         if not 0 < self.c_min <= self.c0:
@@ -210,6 +221,12 @@ class FedDimDPServer(Server):
     def clip_norm(self, server_round: int) -> float:
         return self.current_clip
 
+    def lr_scale(self, server_round: int) -> float:
+        """``adpc.step`` (R): 1 (coupled: the step grows with C) or C^(0)/C^(t) (normalized)."""
+        if self.use_adpc and self.cfg.adpc.step == "normalized":
+            return normalized_lr_scale(self.cfg.adpc.c0, self.current_clip)
+        return 1.0
+
     def utility(self, global_weights: torch.Tensor, results: Sequence[ClientResult]) -> np.ndarray:
         """CRA's q_i (``cra.utility``, R)."""
         if self.cfg.cra.utility == "server_val_f1":
@@ -220,14 +237,17 @@ class FedDimDPServer(Server):
 
     def adpc_statistic(self, results: Sequence[ClientResult], raw: np.ndarray, per_step: np.ndarray,
                        logs: list[dict[str, float]]) -> np.ndarray:
-        """S^(t) of ``adpc.statistic`` (R), one value per client in C's units (NaN: no information)."""
+        """S^(t) of ``adpc.statistic`` (R) in C's units (NaN: no information): one value per client, or with
+        ``adpc.read=pooled`` the one quantile of the summed histograms."""
         cfg, ctx = self.cfg, self.ctx
         stat = cfg.adpc.statistic
         if stat == "example_norm_median":
-            edges = adpc_edges(cfg)
-            values = np.array([histogram_quantile(r.uploads["norm_histogram"], edges, cfg.adpc.quantile) for r in results])
+            edges, hists = adpc_edges(cfg), [r.uploads["norm_histogram"] for r in results]
+            values = np.array([histogram_quantile(h, edges, cfg.adpc.quantile) for h in hists])
             for row, v in zip(logs, values):
-                row["example_norm_median"] = float(v)
+                row["example_norm_median"] = float(v)   # each client's own read, logged under either adpc.read
+            if cfg.adpc.read == "pooled":
+                return np.array([pooled_histogram_quantile(hists, edges, cfg.adpc.quantile)])
             return values
         if stat == "update_norm":
             return raw
@@ -246,7 +266,8 @@ class FedDimDPServer(Server):
     def aggregate(self, server_round: int, global_weights: torch.Tensor, results: Sequence[ClientResult]) -> Aggregate:
         cfg = self.cfg
         raw = np.array([float(r.delta.norm()) for r in results])
-        per_step = np.array([update_norm_per_step(raw[i], cfg.lr, r.num_steps) for i, r in enumerate(results)])
+        lr = cfg.lr * self.lr_scale(server_round)   # the lr the clients stepped with (C^(t) not yet moved)
+        per_step = np.array([update_norm_per_step(raw[i], lr, r.num_steps) for i, r in enumerate(results)])
         logs: list[dict[str, float]] = [{} for _ in results]
         if self.use_cra:
             deltas = torch.stack([r.delta for r in results]).numpy()
@@ -301,6 +322,11 @@ def _model_options(cfg: Config) -> dict[str, Any]:
     return {"lldm": True, "lldm_reduction": cfg.lldm.reduction, "lldm_keep_fraction": cfg.lldm.keep_fraction}
 
 
+def _uses_section(cfg: Config, name: str) -> bool:
+    """``feddimdp.*`` always; ``lldm``, ``adpc`` and ``cra`` only with their component switched on."""
+    return name == "feddimdp" or cfg.feddimdp.on(name)
+
+
 def _uses_adpc(cfg: Config) -> bool:
     return cfg.feddimdp.on("adpc")
 
@@ -309,6 +335,7 @@ def _feddimdp(name: str, summary: str, preset: dict[str, bool]) -> MethodSpec:
     return register(MethodSpec(name, summary, _SOURCE, FedDimDPServer, model_options=_model_options,
                                uploads=feddimdp_uploads, validate=feddimdp_validate, preset=preset,
                                preset_of="feddimdp" if preset else None, adaptive_clip=_uses_adpc, params=PARAMS,
+                               uses_section=_uses_section,
                                client_columns=CLIENT_COLUMNS, round_columns=(("next_clip_norm", "float64"),)))
 
 

@@ -17,7 +17,7 @@ import pkgutil
 from typing import TYPE_CHECKING, Any
 
 from raysim.config import (Config, ConfigError, add_section_loader, config_from_dict, config_to_dict,
-                           register_section, unregister_section)
+                           register_section, set_section_use, unregister_section)
 
 if TYPE_CHECKING:
     from raysim.algorithms.base import MethodSpec
@@ -97,4 +97,16 @@ def load_methods() -> None:
         importlib.import_module(f"raysim.algorithms.{info.name}")
 
 
+def section_in_use(cfg: Config, name: str) -> bool:
+    """Whether the run ``cfg`` uses the method section ``name``: its method (presets resolved) owns the
+    section and, for a switchable component, has it on (``MethodSpec.uses_section``). A config that names
+    no single registered method (a list, an unknown name) counts every section."""
+    load_methods()
+    if not isinstance(cfg.method, str) or cfg.method not in _METHODS:
+        return True
+    spec = _METHODS[cfg.method]
+    return name in spec.params and spec.uses_section(resolve_preset(cfg), name)
+
+
 add_section_loader(load_methods)
+set_section_use(section_in_use)

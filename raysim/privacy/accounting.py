@@ -54,13 +54,14 @@ about excluded orders) for large q with small sigma, e.g. q >= 0.05 with sigma <
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import dp_accounting
-from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.pld import pld_privacy_accountant, privacy_loss_distribution
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import optimize
 
@@ -210,9 +211,33 @@ def _new_accountant(accountant: str, discretization: float) -> dp_accounting.Pri
     return rdp_privacy_accountant.RdpAccountant()
 
 
+@functools.lru_cache(maxsize=64)
+def _event_pld(sample_rate: float, noise_multiplier: float, count: int, discretization: float) -> Any:
+    """The PLD of one :class:`StepEvent`, built exactly as dp-accounting's ``PLDAccountant`` builds it for
+    ``to_dp_event()``. Cached: a client's ledger composes the same round of events every round, and
+    building a subsampled Gaussian's PLD costs far more than composing it."""
+    relation = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    if sample_rate == 1.0:
+        return privacy_loss_distribution.from_gaussian_mechanism(
+            standard_deviation=noise_multiplier / math.sqrt(count),
+            value_discretization_interval=discretization, neighboring_relation=relation)
+    return privacy_loss_distribution.from_gaussian_mechanism(
+        standard_deviation=noise_multiplier, value_discretization_interval=discretization,
+        sampling_prob=sample_rate, neighboring_relation=relation).self_compose(count)
+
+
 def _compose(acc: dp_accounting.PrivacyAccountant, events: Sequence[StepEvent]) -> None:
-    if events:
-        acc.compose(dp_accounting.ComposedDpEvent([e.to_dp_event() for e in events]))
+    events = [e for e in events if e.count]
+    if not events:
+        return
+    if isinstance(acc, pld_privacy_accountant.PLDAccountant) and all(e.noise_multiplier > 0 for e in events):
+        # The accountant's own composition, in the same order, with each event's PLD from the cache: the
+        # same bits as ``acc.compose`` (a unit test checks), without rebuilding the PLDs every round.
+        for e in events:
+            acc._pld = acc._pld.compose(_event_pld(e.sample_rate, e.noise_multiplier, e.count,
+                                                   acc._value_discretization_interval))
+        return
+    acc.compose(dp_accounting.ComposedDpEvent([e.to_dp_event() for e in events]))
 
 
 def _epsilon_of(acc: dp_accounting.PrivacyAccountant, delta: float) -> float:

@@ -63,3 +63,10 @@ def test_adpc_sigma_h():
                           "--set", "rounds=2", "--grid", "25", "--json"))
     assert [r["histogram_noise_multiplier"] for r in out["rows"]] == [None, 25]
     assert out["rows"][1]["max_sigma"] >= out["rows"][0]["max_sigma"] > 0
+
+
+@pytest.mark.cluster
+def test_tune_speed():
+    out = json.loads(_run("tune_speed.py", "--lrs", "2", "--rounds", "1", "--tuning-seeds", "1", "--final-seeds", "1",
+                          "--json"))
+    assert out["runs"] > 0 and out["rerun_ran_nothing"] is True

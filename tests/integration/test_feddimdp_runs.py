@@ -150,3 +150,42 @@ def test_batch_clipping_with_the_default_statistic_is_a_config_error(tmp_path):
         execute(tiny_config(method="feddimdp", privacy__noise_multiplier=1.0, privacy__clipping="batch"), str(tmp_path))
     execute(tiny_config(method="feddimdp", rounds=1, privacy__noise_multiplier=1.0, privacy__clipping="batch",
                                adpc__statistic="update_norm_denoised"), str(tmp_path))
+
+
+@pytest.fixture(scope="module")
+def adpc_options(tmp_path_factory):
+    """Today's rule and each ADPC option alone, 3 rounds: the options change C or the step from round 2 on."""
+    cases = {"legacy": ("per_client", "coupled"), "pooled": ("pooled", "coupled"), "normalized": ("per_client", "normalized")}
+    return {name: _run(tmp_path_factory, "feddimdp", rounds=3, adpc__read=read, adpc__step=step)
+            for name, (read, step) in cases.items()}
+
+
+@pytest.mark.parametrize("option", ["pooled", "normalized"])
+def test_adpc_options_run_at_the_same_privacy_cost(adpc_options, option):
+    (r_base, c_base), (r, c) = adpc_options["legacy"], adpc_options[option]
+    assert c[COLUMNS].notna().all().all() and np.isfinite(r["clip_norm"]).all()
+    for col in ("epsilon", "noise_multiplier"):      # same releases, same σ: post-processing only
+        assert np.array_equal(c[col].to_numpy(), c_base[col].to_numpy()), col
+    assert np.array_equal(r["epsilon"].to_numpy(), r_base["epsilon"].to_numpy())
+    # Round 1 trains at C^(0) with lr scale 1 under every option: the same updates bit for bit.
+    first, first_base = c[c["round"] == 1], c_base[c_base["round"] == 1]
+    assert np.array_equal(first["update_norm"].to_numpy(), first_base["update_norm"].to_numpy())
+
+
+def test_pooled_read_sets_c_from_one_quantile_not_the_median_of_the_clients(adpc_options):
+    r, c = adpc_options["pooled"]
+    r_base, _ = adpc_options["legacy"]
+    assert r.loc[1, "clip_norm"] != r_base.loc[1, "clip_norm"]
+    assert (r["clip_norm"] >= 0.1).all()
+    # Each client's own read is still logged, and with the same histograms it is the legacy run's.
+    first = c[c["round"] == 1]["example_norm_median"].to_numpy()
+    assert np.array_equal(first, adpc_options["legacy"][1].query("round == 1")["example_norm_median"].to_numpy())
+
+
+def test_normalized_step_divides_the_step_by_c(adpc_options):
+    r, c = adpc_options["normalized"]
+    lr, c0 = 0.05, 1.0                                   # tiny_config's lr, adpc.c0
+    scale = c0 / c["clip_norm"]
+    per_step = c["update_norm"] / (lr * scale * c["num_steps"])
+    np.testing.assert_allclose(c["update_norm_per_step"], per_step, rtol=1e-12)
+    assert (c.loc[c["round"] > 1, "clip_norm"] != c0).all()   # C moved, so the scale was not 1

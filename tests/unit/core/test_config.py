@@ -56,7 +56,16 @@ def test_result_hash_covers_every_key_that_changes_results_and_no_other():
             {"data": {"root": "/elsewhere", "cache_dir": "/tmp/c"}}]
     for change in same:
         assert result_hash(config_from_dict({"rounds": 3, **change})) == result_hash(base), change
-    moved = [{"model": "wrn16_4"}, {"eval_every": 2}, {"replicate": 1}, {"participation": "poisson"}, {"clients_per_round": 5},
-             {"runtime": {"torch_threads": 2}}, {"adpc": {"c0": 2.0}}, {"data": {"alpha": 0.1}}]
+    moved = [{"model": "wrn16_4"}, {"eval_every": 2}, {"replicate": 1}, {"participation": "poisson"},
+             {"clients_per_round": 5}, {"runtime": {"torch_threads": 2}}, {"data": {"alpha": 0.1}},
+             {"cra": {"utility": "server_val_f1"}}]   # a public hold-out for any method: another partition
     hashes = {result_hash(config_from_dict({"rounds": 3, **change})) for change in moved}
     assert len(hashes) == len(moved) and result_hash(base) not in hashes
+    # a method section counts for the method that uses it, and only then
+    assert result_hash(config_from_dict({"rounds": 3, "sam": {"rho": 0.1}})) == result_hash(base)
+    dimdp = config_from_dict({"rounds": 3, "method": "feddimdp"})
+    for change in ({"adpc": {"c0": 2.0}}, {"cra": {"rho": 2.0}}, {"lldm": {"reduction": 0.25}}):
+        assert result_hash(config_from_dict({"rounds": 3, "method": "feddimdp", **change})) != result_hash(dimdp)
+        off = {"feddimdp": {next(iter(change)): False}}
+        assert (result_hash(config_from_dict({"rounds": 3, "method": "feddimdp", **off, **change}))
+                == result_hash(config_from_dict({"rounds": 3, "method": "feddimdp", **off})))
