@@ -133,6 +133,8 @@ def run_experiment(cfg: Config, results_dir: str, backend: Backend, *, sweep_id:
                        wall_seconds=time.perf_counter() - t0)
             if math.isfinite(rec.max_noise_multiplier):   # partial participation plans σ_i as clients first train
                 row["noise_multiplier"] = rec.max_noise_multiplier
+            if rec.rdp_epsilons is not None:
+                row["rdp_epsilons"] = rec.rdp_epsilons
             sink.write_run(row)
             if rec.checkpoint is not None:   # after the round's rows: a crash in between redoes the round
                 sink.write_checkpoint(run_id, rec.checkpoint)

@@ -100,6 +100,7 @@ class RoundRecord:
     # Client state files no later checkpoint names: delete them once ``checkpoint`` is durable.
     released_state_files: list[str] = field(default_factory=list)
     max_noise_multiplier: float = math.nan   # the largest σ_i planned so far (the runs table's noise_multiplier)
+    rdp_epsilons: str | None = None   # last round of a DP run: the runs table's rdp_epsilons (see Simulation.rdp_epsilons)
 
 
 @dataclass
@@ -294,7 +295,17 @@ class Simulation:
             record = self._finish(done, self.evaluate(t), self.validate(t))
             del done   # the round's results (model-sized deltas) must not live on while the next round's arrive
             record.checkpoint, record.released_state_files = checkpoint, released
+            if t == self.cfg.rounds:
+                record.rdp_epsilons = self.rdp_epsilons()
             yield record
+
+    def rdp_epsilons(self) -> str | None:
+        """The pointwise maximum over clients of each client's RDP curve at
+        :data:`raysim.privacy.tuning.ORDERS` (from its ledger's events), as JSON; None without DP."""
+        if self.clipping == "none":
+            return None
+        from raysim.privacy.tuning import max_rdp_curve, rdp_to_json
+        return rdp_to_json(max_rdp_curve(ledger.events for ledger in self.ledgers.values()))
 
     def state(self) -> dict[str, Any]:
         """What a resumed run needs to continue bit for bit: every random stream is keyed by

@@ -50,6 +50,9 @@ _KEYS = ("name", "base", "set", "methods", "space", "method_space", "search", "b
 OBJECTIVES = {"accuracy": "final_val_accuracy", "f1": "final_val_f1"}
 #: test metric reported for each objective
 TEST_METRICS = {"accuracy": "final_test_accuracy", "f1": "final_test_f1"}
+#: Keys a private tune may search: none changes σ, the sample rates or the step counts, so every candidate of
+#: a contestant has the same RDP curve, and the drawn candidates' curves bound every candidate's.
+PRIVACY_NEUTRAL_KEYS = ("lr", "momentum", "privacy.clip_norm")
 DEFAULT_LR_SPAN = 30.0
 DEFAULT_LR_POINTS = 5
 
@@ -238,9 +241,15 @@ def parse_tune(spec: Mapping[str, Any], *, name: str, base_dir: Path = Path(".")
         if not isinstance(raw, Mapping):
             raise ConfigError("tune key 'candidates': expected {distribution: ..., ...}")
         try:
-            count = CandidateCount(**raw)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"tune key 'candidates': {exc}") from None
+            count = CandidateCount.from_mapping(raw, prefix="tune.candidates.")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        for label, entries in spaces.items():
+            odd = sorted(k for k, _ in entries if k not in PRIVACY_NEUTRAL_KEYS)
+            if odd:
+                raise ConfigError(f"tune: private tuning searches only keys that leave the privacy plan unchanged "
+                                  f"({', '.join(PRIVACY_NEUTRAL_KEYS)}), so that every candidate has the same RDP "
+                                  f"curve; contestant {label} searches {odd[0]}")
     elif spec.get("candidates") is not None:
         raise ConfigError("tune key 'candidates': the candidate-count distribution applies with private: true only")
     seed = spec.get("search_seed", 0)
@@ -248,8 +257,13 @@ def parse_tune(spec: Mapping[str, Any], *, name: str, base_dir: Path = Path(".")
         raise ConfigError(f"tune key 'search_seed': expected an integer >= 0, got {seed!r}")
     tune = TuneSpec(str(spec.get("name") or name), values, contestants, spaces, search, budget, seed,
                     tuning_seeds, final_seeds, objective, reference, private, count)
+    from raysim.experiment import check_config
     for c in contestants:   # the base config and a candidate of every contestant must be valid before anything runs
         cfg = config_for(tune, c, Candidate(()), final_seeds[0])
+        try:
+            check_config(cfg)
+        except ValueError as exc:
+            raise ConfigError(f"tune contestant {c.label}: {exc}") from None
         config_for(tune, c, candidates(tune, c)[0], final_seeds[0])
         if not cfg.data.server_holdout:
             raise ConfigError("tune: the validation set is the public server hold-out; set data.server_holdout > 0 "
@@ -460,9 +474,12 @@ def tuning_rows(tune: TuneSpec, tune_id: str, runs: Sequence[PlannedRun],
     for r in runs:
         row = rows.get(r.run_id) or {}
         status = "diverged" if diverged(row) else (row.get("status") or "missing")
+        label = r.candidate.label
+        if r.stage == "fixed":   # the base config's values of the searched keys
+            label = "base: " + " ".join(f"{k}={_fmt(_value(r.cfg, k))}" for k, _ in space_of(tune, tune.contestant(r.contestant)))
         out.append({
             "tune_id": tune_id, "tune_name": tune.name, "contestant": r.contestant, "method": r.cfg.method,
-            "stage": r.stage, "candidate": r.candidate.label, "params": json.dumps(r.candidate.as_dict(), sort_keys=True),
+            "stage": r.stage, "candidate": label, "params": json.dumps(r.candidate.as_dict(), sort_keys=True),
             "lr": float(r.cfg.lr), "clip_norm": float(r.cfg.privacy.clip_norm), "seed": r.seed, "draw": r.draw,
             "run_id": r.run_id, "status": status, "objective_name": tune.objective,
             "objective": _score(row, tune.objective_column),
@@ -474,6 +491,13 @@ def tuning_rows(tune: TuneSpec, tune_id: str, runs: Sequence[PlannedRun],
             "reference": tune.reference, "private": tune.private, "chosen": r.run_id in chosen_ids,
         })
     return out
+
+
+def _value(cfg: Config, dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
 
 
 def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float, float]:

@@ -56,6 +56,8 @@ def print_comparison(tune: Any, table: list[dict[str, Any]], stage: str, title: 
         r["ci"] = _ci(r, "ci_low", "ci_high")
         if "diff" in r:
             r["delta"] = "" if math.isnan(r["diff"]) else f"{r['diff']:+.4f} {_ci(r, 'diff_low', 'diff_high')}"
+        elif r["contestant"] == tune.reference:
+            r["delta"] = "reference"
     print(f"\n{title}")
     columns = [("contestant", "contestant"), ("chosen", "hyperparameters"), ("seeds", "seeds"),
                ("mean_std", f"test {tune.objective} mean ± std"), ("ci", "95% CI")]
@@ -64,9 +66,8 @@ def print_comparison(tune: Any, table: list[dict[str, Any]], stage: str, title: 
     print_table(rows, columns)
 
 
-def privacy_statement(tune: Any, table: list[dict[str, Any]], epsilons: Mapping[str, float] | None = None,
-                      delta: float | None = None) -> str:
-    """In words: what the tuning cost in privacy (private mode) or that its cost is not counted."""
+def privacy_statement(tune: Any, table: list[dict[str, Any]], delta: float) -> str:
+    """In words: that the tuning's privacy cost is not counted, or (private mode) what it is."""
     search = [r for r in table if r["stage"] == "search"]
     if not tune.private:
         cands = len({(r["contestant"], r["candidate"]) for r in search})
@@ -75,33 +76,38 @@ def privacy_statement(tune: Any, table: list[dict[str, Any]], epsilons: Mapping[
                 f"{len(tune.tuning_seeds)} tuning seed(s) ({len(search)} training runs), before the "
                 f"{len(tune.final_seeds)} final seeds.")
     draws = [r for r in table if r["stage"] == "private"]
-    parts = [f"{label} ε ≤ {eps:.3f}" for label, eps in (epsilons or {}).items()]
-    return (f"Privacy (private tuning, Papernot & Steinke 2022): on each final seed the number of candidates K was drawn "
-            f"from {tune.count.describe()} (E[K] = {tune.count.mean:.2f}; {len(draws)} draws in all) and only the best "
-            f"by validation was released. ε of the released model, tuning included, at δ = {delta:g}: "
-            + "; ".join(parts) + ".")
+    worst: dict[str, float] = {}
+    for r in draws:
+        if math.isfinite(r["released_epsilon"]):
+            worst[r["contestant"]] = max(worst.get(r["contestant"], 0.0), r["released_epsilon"])
+    parts = [f"{label} ε ≤ {eps:.3f}" for label, eps in worst.items()]
+    return (f"Privacy (private tuning, Papernot & Steinke 2022): on each final seed the number of candidates K was "
+            f"drawn from {tune.count.describe()} (E[K] = {tune.count.mean:.2f}; {len(draws)} draws in all), each "
+            f"trained with its own randomness, and only the best by validation was released. ε of the released "
+            f"model, tuning included, at δ = {delta:g} (largest over the final seeds): " + "; ".join(parts) + ".")
 
 
-def private_epsilons(tune: Any, runs: Sequence[Any], rows: Mapping[str, Mapping[str, Any] | None]) -> dict[str, float]:
-    """Per contestant: the largest ε over the final seeds of the released model, tuning included."""
-    import json
-    import numpy as np
-    from raysim.privacy.tuning import ORDERS, tuned_epsilon
-    out: dict[str, float] = {}
+def private_epsilons(tune: Any, runs: Sequence[Any], rows: Mapping[str, Mapping[str, Any] | None]
+                     ) -> dict[tuple[str, int], float]:
+    """ε of each (contestant, final seed)'s released model, tuning included (0 where K = 0: nothing released).
+    The space holds privacy-neutral keys only (``PRIVACY_NEUTRAL_KEYS``), so the drawn candidates' curves
+    are every candidate's."""
+    from raysim.privacy.tuning import ORDERS, rdp_from_json, tuned_epsilon
+    out: dict[tuple[str, int], float] = {}
     for c in tune.contestants:
-        worst = 0.0
         for seed in tune.final_seeds:
-            curves = []
+            curves, drawn = [], False
             for r in runs:
                 if r.stage == "private" and r.contestant == c.label and r.seed == seed:
                     raw = (rows.get(r.run_id) or {}).get("rdp_epsilons")
-                    if raw is None:
-                        raise ConfigError(f"run {r.run_id} has no RDP curve in the runs table; rerun it")
-                    curves.append(np.asarray(json.loads(raw) if isinstance(raw, str) else raw, dtype=np.float64))
-            if curves:
-                delta = runs[0].cfg.privacy.delta
-                worst = max(worst, tuned_epsilon(curves, ORDERS, delta, tune.count))
-        out[c.label] = worst
+                    drawn = True
+                    if raw is not None:   # a diverged draw has none: it released less than a completed one
+                        curves.append(rdp_from_json(raw))
+            if drawn and not curves:
+                raise ConfigError(f"tune contestant {c.label}, seed {seed}: no draw completed, so no RDP curve "
+                                  f"bounds the tuning; rerun the tune")
+            out[(c.label, seed)] = (tuned_epsilon(curves, ORDERS, runs[0].cfg.privacy.delta, tune.count)
+                                    if curves else 0.0)
     return out
 
 
@@ -120,6 +126,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         best = released(tune, runs, rows)
         chosen_ids = {r.run_id for r in best.values() if r is not None}
         chosen_ids |= {r.run_id for r in runs if r.stage == "fixed"}
+        epsilons = private_epsilons(tune, runs, rows)
     else:
         runs = search_runs(tune)
         rows = _run_stage(tune, "search", runs, results_dir, args)
@@ -136,16 +143,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
         chosen_ids = {r.run_id for r in runs if chosen[r.contestant] == r.candidate}
         chosen_ids |= {r.run_id for r in final}
         runs = runs + final
+        epsilons = None
     tune_id = sweep_id_for(tune.name, [r.run_id for r in runs])
-    table = tuning_rows(tune, tune_id, runs, rows, chosen_ids)
+    table = tuning_rows(tune, tune_id, runs, rows, chosen_ids, epsilons)
     ResultsSink(results_dir).write_tuning(tune_id, table)
     tuned_stage = "private" if tune.private else "final"
     print_comparison(tune, table, tuned_stage,
                      f"Tuned: each contestant at its best candidate on validation ({tune.objective} on the server "
                      f"hold-out), test {tune.objective} over final seeds {list(tune.final_seeds)}")
     print_comparison(tune, table, "fixed", "Fixed: every contestant at the base config's hyperparameters, same seeds")
-    epsilons = private_epsilons(tune, runs, rows) if tune.private else None
-    print("\n" + privacy_statement(tune, table, epsilons, runs[0].cfg.privacy.delta))
+    print("\n" + privacy_statement(tune, table, runs[0].cfg.privacy.delta))
     print(f"\nResults (Parquet, tune_id {tune_id}): {results_dir}/tuning, /runs, /rounds, /clients")
     bad = [r for r in table if r["status"] not in ("completed", "diverged")]
     if bad:

@@ -228,3 +228,36 @@ def test_analysis_never_imports_ray():
             "sys.exit(1 if 'ray' in sys.modules else 0)")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     assert subprocess.run([sys.executable, "-c", code], env=env).returncode == 0
+
+
+def test_report_shows_tuned_and_fixed_tables_chosen_values_privacy_cost_and_lr_plot(sweep, tmp_path):
+    import shutil
+
+    from raysim.results import ResultsSink
+    from raysim.tune import Candidate, choose, final_runs, parse_tune, search_runs, tuning_rows
+    folder = tmp_path / "results"
+    shutil.copytree(sweep.folder, folder, ignore=shutil.ignore_patterns("report"))
+    tune = parse_tune({"base": {"rounds": 2, "num_clients": 4, "privacy": {"epsilon": 8.0},
+                                "data": {"name": "digits", "server_holdout": 100}},
+                       "methods": ["fedsa", "feddimdp"], "space": {"lr": [0.05, 0.1, 0.2]},
+                       "tuning_seeds": [10, 11], "final_seeds": [0, 1, 2], "reference": "fedsa"}, name="t")
+    search = search_runs(tune)
+    fake = {r.run_id: {"status": "completed", "final_val_accuracy": r.cfg.lr * (2 if r.contestant == "fedsa" else 1),
+                       "final_test_accuracy": 0.5 + r.cfg.lr + 0.01 * r.seed, "final_test_f1": 0.4, "epsilon": 8.0}
+            for r in search}
+    chosen = choose(tune, search, fake)
+    assert chosen == {"fedsa": Candidate((("lr", 0.2),)), "feddimdp": Candidate((("lr", 0.2),))}
+    final = final_runs(tune, chosen)
+    fake.update({r.run_id: {"status": "completed", "final_val_accuracy": 0.5,
+                            "final_test_accuracy": 0.6 + 0.01 * r.seed + (0.05 if r.contestant == "feddimdp" else 0),
+                            "final_test_f1": 0.5, "epsilon": 8.0} for r in final})
+    runs = search + final
+    ResultsSink(str(folder)).write_tuning("t-1", tuning_rows(tune, "t-1", runs, fake,
+                                                             {r.run_id for r in runs if chosen[r.contestant] == r.candidate}))
+    assert main(["report", str(folder), "--out", str(tmp_path / "rep")]) == 0
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "Tuned comparisons" in md and "paired Δ vs fedsa" in md
+    assert "+0.0500 [+0.0500, +0.0500]" in md         # feddimdp is 0.05 above fedsa on every seed
+    assert "not included" in md and "6 candidate configurations" in md and "12 training runs" in md
+    assert "lr=0.2" in md
+    assert (tmp_path / "rep" / "figures" / "tuning_t-1.png").exists()

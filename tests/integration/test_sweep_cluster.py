@@ -140,6 +140,14 @@ def test_smoke_sweep_as_ray_job_on_two_nodes(tmp_path):
         job = _run([ray, "job", "submit", "--address", address, "--working-dir", ".", "--",
                     sys.executable, "-m", "raysim.cli", "sweep", SMOKE, "--results-dir", str(results)], env, 600)
         nodes = json.loads(_run([ray, "list", "nodes", "--address", address, "--format", "json"], env, 60).stdout)
+        tune_file = tmp_path / "tune.yaml"   # `raysim tune` is two sweeps on the same runner: it runs as a job too
+        tune_file.write_text(json.dumps({
+            "base": {"rounds": 2, "num_clients": 4, "batch_size": 32, "privacy": {"epsilon": 8.0},
+                     "data": {"name": "digits", "server_holdout": 100, "min_samples_per_client": 20}},
+            "methods": ["fedsa"], "space": {"lr": [0.05, 0.2]}, "tuning_seeds": [5], "final_seeds": [0]}))
+        tune_cmd = [ray, "job", "submit", "--address", address, "--working-dir", ".", "--", sys.executable, "-m",
+                    "raysim.cli", "tune", str(tune_file), "--results-dir", str(tmp_path / "tuned")]
+        tuned = [_run(tune_cmd, env, 600).stdout for _ in range(2)]
     finally:
         stop_processes_under(temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)
@@ -159,3 +167,9 @@ def test_smoke_sweep_as_ray_job_on_two_nodes(tmp_path):
     for name, keys, count in (("rounds", ["run_id", "round"], 4 * 2), ("clients", ["run_id", "round", "client_id"], 4 * 2 * 4)):
         table = read_table(str(results), name)
         assert len(table) == count and not table.duplicated(keys).any()
+
+    assert "search: 2 runs, 0 done, 2 to run" in tuned[0] and "Tuned:" in tuned[0]
+    assert "search: 2 runs, 2 done, 0 to run" in tuned[1] and "0 to run" in tuned[1].split("final:")[1]
+    tuning = read_table(str(tmp_path / "tuned"), "tuning")
+    assert sorted(tuning["stage"]) == ["final", "fixed", "search", "search"]
+    assert (tuning["status"] == "completed").all()

@@ -35,3 +35,25 @@ def test_poisoned_test_labels_do_not_change_the_choice(tmp_path):
     assert sum(clean[i]["final_test_accuracy"] != bad[i]["final_test_accuracy"] for i in clean) >= 2
     vals = [clean[r.run_id]["final_val_accuracy"] for r in runs]
     assert len(set(vals)) == 3 and np.isfinite(vals).all()   # the candidates really differ on validation
+
+
+def test_private_tune_releases_the_best_draw_and_bounds_it_with_papernot_steinke(tmp_path):
+    from raysim.cli.tune import private_epsilons
+    from raysim.privacy.tuning import ORDERS, rdp_from_json, tuned_epsilon
+    from raysim.tune import private_runs, released
+    tune = parse_tune({
+        "base": {"rounds": 2, "num_clients": 4, "batch_size": 32, "privacy": {"epsilon": 4.0},
+                 "data": {"name": "digits", "server_holdout": 150, "min_samples_per_client": 20},
+                 "runtime": {"executor": "serial"}},
+        "methods": ["fedsa"], "space": {"lr": [0.05, 0.3]}, "final_seeds": [3], "private": True,
+        "candidates": {"distribution": "truncated_negative_binomial", "eta": 1, "mean": 2},
+    }, name="private")
+    runs = private_runs(tune)
+    rows = {r.run_id: execute(r.cfg, str(tmp_path)).row for r in runs}
+    draws = [r for r in runs if r.stage == "private"]
+    best = released(tune, runs, rows)[("fedsa", 3)]
+    assert rows[best.run_id]["final_val_accuracy"] == max(rows[r.run_id]["final_val_accuracy"] for r in draws)
+    curves = [rdp_from_json(rows[r.run_id]["rdp_epsilons"]) for r in draws]
+    eps = private_epsilons(tune, runs, rows)[("fedsa", 3)]
+    assert eps == tuned_epsilon(curves, ORDERS, 1e-5, tune.count)
+    assert eps > max(rows[r.run_id]["epsilon"] for r in draws)   # tuning costs privacy

@@ -65,3 +65,19 @@ def test_diverged_run_is_reported_and_recorded(capsys, tmp_path):
     assert code == 1 and "training diverged in round 1" in err
     runs = pd.read_parquet(tmp_path / "runs")
     assert runs["status"].tolist() == ["failed"] and "TrainingDiverged" in runs["error"].item()
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("base: {{}}\nmethods: [fedsa]\ntuning_seeds: [1]\nfinal_seeds: [1, 2]\n", "must be disjoint"),
+    ("base: {quickstart}\nmethods: [fedmagic]\ntuning_seeds: [1]\nfinal_seeds: [2]\n", "unknown method 'fedmagic'"),
+    ("base: {quickstart}\nmethods: [fedsa]\ntuning_seeds: [1]\nfinal_seeds: [2]\n", "data.server_holdout"),
+    ("base: {quickstart}\nset: {{data.server_holdout: 100}}\nmethods: [fedsa]\nspace: {{lr: {{log: [0.1, 1]}}}}\n"
+     "tuning_seeds: [1]\nfinal_seeds: [2]\n", "num >= 2"),
+])
+def test_tune_user_errors(text, fragment, capsys, tmp_path):
+    path = tmp_path / "tune.yaml"
+    path.write_text(text.format(quickstart=QUICKSTART))
+    code = main(["tune", str(path), "--results-dir", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 2 and fragment in err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("raysim: error:")

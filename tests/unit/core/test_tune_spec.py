@@ -133,3 +133,45 @@ def test_mean_ci_edge_cases():
     assert all(math.isnan(v) for v in mean_ci([]))
     mean, std, lo, hi = mean_ci([0.5])
     assert mean == 0.5 and math.isnan(std) and math.isnan(lo)
+
+
+def private_spec(**changes):
+    values = {"private": True, "candidates": {"distribution": "truncated_negative_binomial", "eta": 1, "mean": 3},
+              "tuning_seeds": None}
+    values.update(changes)
+    return spec(**values)
+
+
+def test_private_mode_draws_k_candidates_per_final_seed_each_with_its_own_training_streams():
+    from raysim.tune import private_runs, released
+    tune = private_spec()
+    runs = private_runs(tune)
+    assert runs == private_runs(tune)   # seeded
+    for c in tune.contestants:
+        for seed in tune.final_seeds:
+            draws = [r for r in runs if r.stage == "private" and r.contestant == c.label and r.seed == seed]
+            assert len(draws) >= 1 and [r.draw for r in draws] == list(range(1, len(draws) + 1))
+            assert [r.cfg.replicate for r in draws] == [r.draw for r in draws]
+            assert len({r.cfg.train_seed for r in draws}) == len(draws)          # independent training streams
+            assert {r.cfg.seed for r in draws} == {seed}                          # one federation
+            assert [r.stage for r in runs if r.contestant == c.label and r.seed == seed].count("fixed") == 1
+    rows = _rows(tune, runs, lambda label, lr, seed: lr)                      # validation grows with lr
+    best = released(tune, runs, rows)
+    for (label, seed), r in best.items():
+        draws = [d for d in runs if d.stage == "private" and d.contestant == label and d.seed == seed]
+        assert r.cfg.lr == max(d.cfg.lr for d in draws) and r == next(d for d in draws if d.cfg.lr == r.cfg.lr)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"space": {"lr": [0.1, 0.2], "batch_size": [16, 32]}}, "batch_size"),
+    ({"candidates": {"distribution": "binomial"}}, "tune.candidates.distribution"),
+    ({"candidates": {"distribution": "poisson", "mean": 0.5}}, "tune.candidates.mean"),
+])
+def test_private_mode_refuses_spaces_that_change_the_privacy_plan_and_bad_counts(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        private_spec(**changes)
+
+
+def test_the_count_distribution_needs_private_mode():
+    with pytest.raises(ConfigError, match="private: true"):
+        spec(candidates={"distribution": "poisson", "mean": 2})
