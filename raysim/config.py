@@ -504,6 +504,8 @@ def result_hash(cfg: Config) -> str:
         # Full participation: `participation` changes nothing, and leaving both keys out keeps the run ids
         # of results written before the keys existed (their runs resume into the same rows).
         del values["clients_per_round"], values["participation"]
+    if cfg.data.train_subsample is None:
+        del values["data"]["train_subsample"]   # the whole training split: the run id it had before the key existed
     if cfg.replicate == 0:
         del values["replicate"]        # the default: a federation's first replicate keeps its run id
     if cfg.eval_every == 1:
