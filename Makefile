@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: run test test-slow test-cluster install install-dev clean
+.PHONY: run test test-slow test-cluster bench install install-dev clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,16 @@ test-cluster: install-dev
 
 test-slow: install-dev
 	$(BIN)/python -m pytest -q -m slow
+
+# The benchmark suite (experiments/bench/README.md), offline on the digits data (about 10 minutes here).
+bench: install-dev
+	$(BIN)/python experiments/bench/dp_step.py
+	$(BIN)/python experiments/bench/dp_step.py --profile
+	$(BIN)/python experiments/bench/round_overhead.py --dataset digits
+	$(BIN)/python experiments/bench/sweep_overhead.py
+	$(BIN)/python experiments/bench/population.py --dataset digits --sizes 100 1000
+	$(BIN)/python experiments/bench/adpc_sigma_h.py --config experiments/quickstart.yaml
+	$(BIN)/python experiments/bench/tune_speed.py --lrs 2 --rounds 5 --final-seeds 2
 
 clean:
 	rm -rf $(VENV) results .pytest_cache

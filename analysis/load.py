@@ -1,4 +1,4 @@
-"""Reading a results folder (SPEC §5) into pandas, and the labels that group its runs.
+"""Reading a results folder (docs/architecture.md, "Results") into pandas, and the labels that group its runs.
 
 Works while a sweep is still writing: the sink renames finished files into place, so every file
 read here is complete; a run that is still going simply has fewer rounds.

@@ -1,9 +1,9 @@
 """The paper's reported numbers, kept only to print next to ours.
 
-Source: SPEC §1, which copies Table I (methods) and Table II (ablations) of the FedDimDP paper
-(arXiv 2602.06838, withdrawn). Each cell is (test accuracy, macro-F1). These are the paper's
-*claims*: SPEC §1 explains why some are above what this CNN reaches even without DP, and the
-project never tunes a method towards them.
+Source: Table I (methods) and Table II (ablations) of the FedDimDP paper (arXiv 2602.06838,
+withdrawn). Each cell is (test accuracy, macro-F1). These are the paper's *claims*, for settings it
+does not fully state (docs/methods.md, "The paper's numbers"); the project never tunes a method
+towards them.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ OTHER_METHOD_LABELS: dict[str, str] = {
     "dp-fedavg-adaptive": "DP-FedAvg (adaptive quantile clipping)",
 }
 
-# SPEC §1 / paper Table I: method -> dataset -> (accuracy, macro-F1)
+# paper Table I: method -> dataset -> (accuracy, macro-F1)
 PAPER_TABLE1: dict[str, dict[str, tuple[float, float]]] = {
     "dp-fedsam": {"cifar10": (0.742, 0.742), "svhn": (0.786, 0.860), "stl10": (0.577, 0.581)},
     "dp-acdn": {"cifar10": (0.707, 0.708), "svhn": (0.777, 0.833), "stl10": (0.623, 0.624)},
@@ -48,7 +48,7 @@ PAPER_TABLE1: dict[str, dict[str, tuple[float, float]]] = {
     "feddimdp": {"cifar10": (0.811, 0.809), "svhn": (0.897, 0.890), "stl10": (0.652, 0.650)},
 }
 
-# SPEC §1 / paper Table II (ablation): method -> dataset -> (accuracy, macro-F1)
+# paper Table II (ablation): method -> dataset -> (accuracy, macro-F1)
 PAPER_TABLE2: dict[str, dict[str, tuple[float, float]]] = {
     "feddimdp": PAPER_TABLE1["feddimdp"],
     "feddimdp-no-cra": {"cifar10": (0.722, 0.600), "svhn": (0.863, 0.848), "stl10": (0.597, 0.587)},

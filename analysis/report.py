@@ -20,7 +20,7 @@ from raysim.results import read_table
 ACCOUNTING_SCOPE = (
     "ε is record-level (ε, δ)-DP per client: neighbouring datasets differ in one training example of one "
     "client, the server is honest but curious, and each client is accounted separately; a run's ε is the "
-    "maximum over its clients (SPEC §2). It covers the DP-SGD releases (the model updates) that the accountant "
+    "maximum over its clients (docs/privacy.md). It covers the DP-SGD releases (the model updates) that the accountant "
     "composed. It does not cover values that clients upload and that are computed from private data outside "
     "DP-SGD; the column 'not covered by ε' lists them for each run.")
 
@@ -202,7 +202,7 @@ def _blocks(folder: str, results: Results, figures_dir: Path, out: Path) -> tupl
 
     note = (f"Our cells: accuracy / macro-F1 of the final round, mean ± std over completed seeds (n = number of seeds); "
             f"{MISSING} = no completed run. Columns marked '{PAPER_SUFFIX}' are the numbers the FedDimDP paper "
-            "reports (SPEC §1), copied for comparison: they are the paper's claims, not results of this project, "
+            "reports, copied for comparison: they are the paper's claims, not results of this project, "
             "and may come from settings (rounds, α, model) other than these runs.")
     blocks += [_Heading("Table I — methods vs the paper"), _Text(note), _Table(table1(results.runs), index=True),
                _Heading("Table II — FedDimDP ablations vs the paper"), _Table(table2(results.runs), index=True)]

@@ -118,7 +118,7 @@ def _alpha_eq(series: pd.Series, alpha: float | None) -> pd.Series:
 def table1(runs: pd.DataFrame) -> pd.DataFrame:
     """Paper Table I layout: rows DP-FedSAM … FedDimDP (then any other method we ran), one column
     per dataset with our 'accuracy / macro-F1' (mean ± std over completed seeds, n seeds) and,
-    next to it, the paper's claimed numbers (SPEC §1). Cells with no data are '—'."""
+    next to it, the paper's claimed numbers (analysis/paper.py). Cells with no data are '—'."""
     return _paper_layout(runs, TABLE1_METHODS, PAPER_TABLE1, include_others=True)
 
 

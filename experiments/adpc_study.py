@@ -1,4 +1,4 @@
-"""What each FedDimDP component adds, on the offline quickstart (issue: ADPC / components as switches).
+"""What each FedDimDP component adds, on the offline quickstart (the switches and presets of docs/methods.md).
 
 Runs, for each seed, on experiments/quickstart.yaml (digits, 10 clients, α = 0.3, ε = 8, 20 rounds):
 

@@ -1,2 +1,6 @@
 """raysim: Ray-parallel simulation of differentially private federated learning."""
 __version__ = "0.1.0"
+
+# The config parser knows only that method sections exist; the method registry supplies them (it
+# discovers the method modules lazily, the first time a config section is looked up).
+from raysim.algorithms import registry as _registry  # noqa: E402,F401

@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import sys
+from typing import Any
 
 __all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "tune_malloc", "malloc_tuned"]
 
@@ -70,3 +71,14 @@ def tune_malloc() -> bool:
 def malloc_tuned() -> bool:
     """Whether :func:`tune_malloc` has taken effect in this process."""
     return _tuned
+
+
+def configure_process(runtime: Any) -> None:
+    """The per-process settings of a run, wherever it trains or aggregates: torch's thread count
+    (``runtime.torch_threads``; the bits depend on it) and, with ``runtime.malloc_tuning``, the malloc
+    thresholds above (speed only)."""
+    import torch
+
+    torch.set_num_threads(runtime.torch_threads)
+    if runtime.malloc_tuning:
+        tune_malloc()

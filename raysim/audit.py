@@ -38,7 +38,7 @@ from raysim.privacy.audit_bound import epsilon_lower_bound
 from raysim.privacy.grad_sample import make_engine
 from raysim.privacy.plan import accounting_factor, plan_noise, resolve_clipping
 from raysim.rng import np_generator, torch_generator
-from raysim.simulation import make_partition
+from raysim.run_data import make_partition
 from raysim.training import local_train, sample_rate, steps_per_epoch
 
 __all__ = ["AuditResult", "run_audit"]
@@ -81,7 +81,7 @@ def run_audit(cfg: Config, canaries: int = 1000, guess_fraction: float = 0.1, cl
     accounted = compute_epsilon([StepEvent(q, sigma * accounting_factor(clipping, 1), steps * cfg.rounds)],
                                 cfg.privacy.delta, cfg.privacy.accountant)
 
-    model = model_for(cfg, train.info, spec.lldm(cfg))
+    model = model_for(cfg, train.info, spec.model_options(cfg))
     init_parameters(model, torch_generator(cfg.seed, "model-init"))
     params = list(model.parameters())
     start = parameters_to_vector(params).detach().clone()

@@ -17,7 +17,7 @@ from raysim.data import ArrayDataset, to_float_tensor
 from raysim.metrics import Evaluation, evaluate
 from raysim.models import model_for
 from raysim.privacy.grad_sample import layer_slices, make_engine
-from raysim.allocator import tune_malloc
+from raysim.allocator import configure_process
 from raysim.rng import np_generator
 from raysim.training import local_train
 from raysim.messages import ClientData, ClientResult, ClientTask, RoundPayload
@@ -64,14 +64,12 @@ class ClientRunner:
 
     def configure(self, cfg: Config, clipping: str) -> None:
         """Set up for the run ``cfg``: model, engine and declared uploads; no state of an earlier run survives."""
-        torch.set_num_threads(cfg.runtime.torch_threads)
-        if cfg.runtime.malloc_tuning:
-            tune_malloc()
+        configure_process(cfg.runtime)
         self.cfg = cfg
         self.clipping = clipping
         self.spec = get_method(cfg.method)
         self.device = client_device(cfg)
-        self.model = model_for(cfg, self.info, self.spec.lldm(cfg)).to(self.device)
+        self.model = model_for(cfg, self.info, self.spec.model_options(cfg)).to(self.device)
         self.layer_slices = layer_slices(self.model)
         self.engine = make_engine(cfg.privacy.engine)
         self.uploads = self.spec.uploads(cfg)

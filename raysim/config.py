@@ -1,10 +1,11 @@
 """Frozen, validated configuration.
 
-YAML (or a dict) in, a tree of frozen dataclasses out. Every key a user can set is a field
-here; an unknown key, a wrong type or an out-of-range value raises ``ConfigError`` (a
-``ValueError``) with a one-line message naming the key. Keys marked *(R)* in the field
-comments are reconstructions of choices the FedDimDP paper does not state (see
-docs/methods.md); their defaults follow SPEC.md.
+YAML (or a dict) in, a tree of frozen dataclasses out. The generic keys (rounds, clients, data,
+privacy, runtime) are fields here; each method owns its section (``adpc``, ``cra``, ...), a frozen
+dataclass it declares in its own module (``MethodSpec.params``) and the registry registers here, so
+a section is parsed and checked like every other key. An unknown key, a wrong type or an
+out-of-range value raises ``ConfigError`` (a ``ValueError``) with a one-line message naming the key.
+Keys marked *(R)* are reconstructions of choices the FedDimDP paper does not state (docs/methods.md).
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import yaml
 
-__all__ = ["ConfigError", "Config", "load_config", "config_from_dict", "apply_overrides", "config_to_dict",
+__all__ = ["ConfigError", "Config", "register_section", "method_sections", "fail", "check_choice", "load_config", "config_from_dict", "apply_overrides", "config_to_dict",
            "config_hash", "parse_override", "run_id_for", "result_hash", "CLIPPING_MODES", "PARTICIPATION_MODES",
            "MODEL_NAMES"]
 
@@ -86,92 +87,43 @@ class RuntimeConfig:
     malloc_tuning: bool = True         # keep multi-MB buffers in the heap (raysim.allocator); speed only
 
 
-@dataclass(frozen=True)
-class LLDMConfig:
-    reduction: float = 0.5             # (R) 1x1 conv channel ratio r
-    keep_fraction: float = 0.5         # (R) top-k fraction κ of gradient entries kept
+# --------------------------------------------------------------------------- method sections
+
+#: Config sections owned by methods (``adpc``, ``cra``, ...): section name -> frozen dataclass, registered
+#: by the method registry (``raysim.algorithms.registry.register``) from each ``MethodSpec.params``. This
+#: module knows only that sections exist; ``_SECTION_LOADERS`` (installed by the registry) discover the
+#: methods before a section is looked up.
+_SECTIONS: dict[str, type] = {}
+_SECTION_LOADERS: list[Callable[[], None]] = []
 
 
-ADPC_STATISTICS = ("example_norm_median", "update_norm", "update_norm_per_step", "update_norm_denoised")
-ADPC_READS = ("per_client", "pooled")
-ADPC_STEPS = ("coupled", "normalized")
+def register_section(name: str, cls: type) -> None:
+    """Make ``name`` a config section parsed into the frozen dataclass ``cls`` (its ``check(cfg)``, if
+    any, validates a parsed config). A section registered twice must be the same class."""
+    if name in _GENERIC_KEYS:
+        raise ValueError(f"config section {name!r} would shadow a generic config key")
+    if not (dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen):   # type: ignore[attr-defined]
+        raise ValueError(f"config section {name!r}: {cls!r} is not a frozen dataclass")
+    if _SECTIONS.get(name, cls) is not cls:
+        raise ValueError(f"config section {name!r} is already registered with {_SECTIONS[name]!r}")
+    _SECTIONS[name] = cls
 
 
-@dataclass(frozen=True)
-class FedDimDPConfig:
-    # The three components of FedDimDP as switches (all off = FedSA). Unset (null) means on, or the
-    # value of the method's preset (feddimdp-no-adpc sets adpc to false).
-    lldm: bool | None = None
-    adpc: bool | None = None
-    cra: bool | None = None
-
-    def on(self, component: str) -> bool:
-        value = getattr(self, component)
-        return True if value is None else bool(value)
+def unregister_section(name: str) -> None:
+    _SECTIONS.pop(name, None)
 
 
-@dataclass(frozen=True)
-class ADPCConfig:
-    c0: float = 1.0                    # (R) C^(0)
-    c_min: float = 0.1                 # (R) floor
-    smoothing: float = 1.0             # (R) γ, 1 = no smoothing
-    statistic: str = "example_norm_median"  # (R) S^(t): example_norm_median | update_norm | update_norm_per_step | update_norm_denoised
-    quantile: float = 0.5              # (R) quantile of each client's per-example norms (0.5: the paper's "median")
-    histogram_bins: int = 48           # (R) log-spaced bins on [histogram_min, histogram_max], plus under/overflow
-    histogram_min: float = 1e-3
-    histogram_max: float = 1e3
-    histogram_noise_multiplier: float = 25.0  # (R) σ_h of the per-round histogram release (sensitivity 1); see docs/methods.md
-    read: str = "per_client"           # (R) per_client (each histogram's quantile, then their median) | pooled (quantile of the summed histograms)
-    step: str = "coupled"              # (R) coupled (local lr fixed) | normalized (local lr scaled by C^(0)/C^(t))
+def add_section_loader(loader: Callable[[], None]) -> None:
+    """``loader()`` registers sections (idempotent); it runs before sections are looked up."""
+    if loader not in _SECTION_LOADERS:
+        _SECTION_LOADERS.append(loader)
 
 
-@dataclass(frozen=True)
-class CRAConfig:
-    beta: float = 0.9                  # (R) EMA factor
-    rho: float = 1.5                   # (R) ambiguity-set cap p_i <= ρ α_i
-    eta_p: float = 0.05                # (R) projected step size
-    weight_by_samples: bool = True     # (R) α_i ∝ n_i r_i (False: ∝ r_i)
-    eta_g: float = 1.0                 # global step
-    utility: str = "local_val_f1"      # (R) q_i: local_val_f1 (client's own val split) | server_val_f1 (public hold-out)
-    private_val_f1: bool = False       # noise q_i and account it in the same ledger
-    val_f1_noise_multiplier: float = 20.0  # σ of the q_i release: noise std = σ · sensitivity
-    val_f1_sensitivity: float = 1.0    # macro-F1 ∈ [0, 1]; 1 is the safe worst-case bound
-
-
-@dataclass(frozen=True)
-class SAMConfig:
-    rho: float = 0.05                  # (R) perturbation radius for this CNN
-    mode: str = "previous"             # (R) previous (1 release/step) | both (2 releases/step)
-
-
-@dataclass(frozen=True)
-class FedACGConfig:
-    lam: float = 0.85
-    beta: float = 0.001
-
-
-@dataclass(frozen=True)
-class ACDNConfig:
-    gamma: float = 0.99                # (R) σ_t = σ_0 γ^t
-    momentum: float = 0.9              # (R) server EMA of aggregated updates
-
-
-@dataclass(frozen=True)
-class AWDPConfig:
-    beta: float = 0.9                  # (R) EMA of per-layer gradient norms
-
-
-@dataclass(frozen=True)
-class QuantileConfig:
-    eta_c: float = 0.2
-    target_quantile: float = 0.5
-    noise_multiplier: float = 0.0      # σ_b of the clipped-count release (0: not private)
-    norm_source: str = "per_example"   # (R) per_example (fraction of unclipped examples) | update (‖Δw‖ per step)
-
-
-@dataclass(frozen=True)
-class FedProxConfig:
-    mu: float = 0.01
+def method_sections() -> dict[str, type]:
+    """Every registered method section, by name (the registry's methods discovered first)."""
+    for loader in _SECTION_LOADERS:
+        loader()
+    return dict(_SECTIONS)
 
 
 @dataclass(frozen=True)
@@ -195,19 +147,39 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
-    feddimdp: FedDimDPConfig = field(default_factory=FedDimDPConfig)
-    lldm: LLDMConfig = field(default_factory=LLDMConfig)
-    adpc: ADPCConfig = field(default_factory=ADPCConfig)
-    cra: CRAConfig = field(default_factory=CRAConfig)
-    sam: SAMConfig = field(default_factory=SAMConfig)
-    fedacg: FedACGConfig = field(default_factory=FedACGConfig)
-    acdn: ACDNConfig = field(default_factory=ACDNConfig)
-    awdp: AWDPConfig = field(default_factory=AWDPConfig)
-    quantile: QuantileConfig = field(default_factory=QuantileConfig)
-    fedprox: FedProxConfig = field(default_factory=FedProxConfig)
+    #: the method sections (``adpc``, ``cra``, ...), as (name, frozen dataclass) pairs sorted by name: every
+    #: registered section, at its defaults unless set; read them as attributes (``cfg.adpc.c0``)
+    sections: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        known = method_sections()
+        given = dict(self.sections)
+        for name in sorted(given):
+            if name not in known:
+                _fail(name, f"unknown method section; sections: {', '.join(sorted(known))}")
+        full = {name: given[name] if name in given else cls() for name, cls in known.items()}
+        object.__setattr__(self, "sections", tuple(sorted(full.items())))
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached when normal lookup fails: a method section by name
+        if name.startswith("__"):
+            raise AttributeError(name)
+        for key, value in self.__dict__.get("sections", ()):
+            if key == name:
+                return value
+        raise AttributeError(f"Config has no key or method section {name!r}")
 
     def replace(self, **changes: Any) -> "Config":
-        return dataclasses.replace(self, **changes)
+        """A copy with generic keys and/or whole method sections replaced."""
+        names = {f.name for f in dataclasses.fields(self)}
+        sections = {k: v for k, v in changes.items() if k not in names}
+        generic = {k: v for k, v in changes.items() if k in names}
+        if sections:
+            unknown = sorted(set(sections) - set(method_sections()))
+            if unknown:
+                raise TypeError(f"Config has no key or method section {unknown[0]!r}")
+            generic["sections"] = tuple(sorted({**dict(generic.get("sections", self.sections)), **sections}.items()))
+        return dataclasses.replace(self, **generic)
 
     @property
     def train_seed(self) -> int:
@@ -223,10 +195,19 @@ class Config:
         return int(digest[:15], 16)
 
 
+#: The generic top-level keys (a method section may not take one of these names).
+_GENERIC_KEYS = frozenset(f.name for f in dataclasses.fields(Config))
+
+
 # --------------------------------------------------------------------------- building
 
 def _fail(key: str, msg: str) -> typing.NoReturn:
     raise ConfigError(f"config key '{key}': {msg}")
+
+
+def fail(key: str, msg: str) -> typing.NoReturn:
+    """Raise the one-line ``ConfigError`` for a bad value of ``key`` (for method sections' ``check``)."""
+    _fail(key, msg)
 
 
 def _coerce(key: str, value: Any, annotation: Any) -> Any:
@@ -270,11 +251,17 @@ def _build(cls: type, values: Mapping[str, Any], prefix: str = "") -> Any:
         _fail(prefix.rstrip(".") or "<root>", f"expected a mapping, got {values!r}")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - names)
+    sections = method_sections() if cls is Config else {}
+    names.discard("sections") if cls is Config else None
+    unknown = sorted(set(values) - names - set(sections))
     if unknown:
-        _fail(prefix + unknown[0], f"unknown key; valid keys here: {', '.join(sorted(names))}")
-    kwargs = {}
+        _fail(prefix + unknown[0], f"unknown key; valid keys here: {', '.join(sorted(names | set(sections)))}")
+    kwargs: dict[str, Any] = {}
+    parsed: dict[str, Any] = {}
     for name, value in values.items():
+        if name in sections:
+            parsed[name] = _build(sections[name], value if value is not None else {}, name + ".")
+            continue
         ann = hints[name]
         if dataclasses.is_dataclass(ann):
             kwargs[name] = _build(ann, value if value is not None else {}, prefix + name + ".")
@@ -282,12 +269,19 @@ def _build(cls: type, values: Mapping[str, Any], prefix: str = "") -> Any:
             kwargs[name] = value  # several methods: `raysim run` runs each in turn
         else:
             kwargs[name] = _coerce(prefix + name, value, ann)
+    if parsed:
+        kwargs["sections"] = tuple(sorted(parsed.items()))
     return cls(**kwargs)
 
 
 def _choice(key: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         _fail(key, f"unknown value {value!r}; choose one of {', '.join(choices)}")
+
+
+def check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    """``ConfigError`` unless ``value`` is one of ``choices`` (for method sections' ``check``)."""
+    _choice(key, value, choices)
 
 
 def validate(cfg: Config) -> Config:
@@ -338,54 +332,14 @@ def validate(cfg: Config) -> Config:
         _fail("runtime.checkpoint_every", f"must be >= 0 (0: no checkpoints), got {r.checkpoint_every}")
     if r.torch_threads < 1:
         _fail("runtime.torch_threads", f"must be >= 1, got {r.torch_threads}")
-    _choice("adpc.statistic", cfg.adpc.statistic, ADPC_STATISTICS)
-    if not 0 < cfg.adpc.quantile < 1:
-        _fail("adpc.quantile", f"must be in (0, 1), got {cfg.adpc.quantile}")
-    if cfg.adpc.histogram_bins < 1:
-        _fail("adpc.histogram_bins", f"must be >= 1, got {cfg.adpc.histogram_bins}")
-    if not 0 < cfg.adpc.histogram_min < cfg.adpc.histogram_max:
-        _fail("adpc.histogram_min", f"need 0 < adpc.histogram_min < adpc.histogram_max, got "
-                                    f"{cfg.adpc.histogram_min}, {cfg.adpc.histogram_max}")
-    if not cfg.adpc.histogram_noise_multiplier > 0:
-        _fail("adpc.histogram_noise_multiplier", f"must be > 0 (the histogram is a private release), "
-                                                 f"got {cfg.adpc.histogram_noise_multiplier}")
-    _choice("cra.utility", cfg.cra.utility, ("local_val_f1", "server_val_f1"))
     if d.train_subsample is not None and d.train_subsample < 1:
         _fail("data.train_subsample", f"must be >= 1 (or null: the whole training split), got {d.train_subsample}")
     if d.server_holdout is not None and d.server_holdout < 0:
         _fail("data.server_holdout", f"must be >= 0, got {d.server_holdout}")
-    if cfg.cra.utility == "server_val_f1" and d.server_holdout == 0:
-        _fail("data.server_holdout", "cra.utility=server_val_f1 scores uploads on the public server hold-out; "
-                                     "set data.server_holdout > 0 (e.g. 500) or leave it unset")
-    _choice("adpc.read", cfg.adpc.read, ADPC_READS)
-    if cfg.adpc.read == "pooled" and cfg.adpc.statistic != "example_norm_median":
-        _fail("adpc.read", f"pooled sums the clients' norm histograms, which only adpc.statistic=example_norm_median "
-                           f"uploads; got adpc.statistic={cfg.adpc.statistic}")
-    _choice("adpc.step", cfg.adpc.step, ADPC_STEPS)
-    if not 0 < cfg.adpc.smoothing <= 1:
-        _fail("adpc.smoothing", f"must be in (0, 1], got {cfg.adpc.smoothing}")
-    if not 0 < cfg.adpc.c_min <= cfg.adpc.c0:
-        _fail("adpc.c_min", f"must be in (0, adpc.c0], got {cfg.adpc.c_min}")
-    if not 0 <= cfg.cra.beta < 1:
-        _fail("cra.beta", f"must be in [0, 1), got {cfg.cra.beta}")
-    if not cfg.cra.rho >= 1:
-        _fail("cra.rho", f"must be >= 1 (else the ambiguity set can be empty), got {cfg.cra.rho}")
-    _choice("sam.mode", cfg.sam.mode, ("previous", "both"))
-    if not 0 < cfg.acdn.gamma <= 1:
-        _fail("acdn.gamma", f"must be in (0, 1], got {cfg.acdn.gamma}")
-    for key, val in (("acdn.momentum", cfg.acdn.momentum), ("awdp.beta", cfg.awdp.beta), ("fedacg.lam", cfg.fedacg.lam)):
-        if not 0 <= val < 1:
-            _fail(key, f"must be in [0, 1), got {val}")
-    for key, val in (("sam.rho", cfg.sam.rho), ("fedacg.beta", cfg.fedacg.beta), ("fedprox.mu", cfg.fedprox.mu),
-                     ("quantile.eta_c", cfg.quantile.eta_c), ("quantile.noise_multiplier", cfg.quantile.noise_multiplier)):
-        if not val >= 0:
-            _fail(key, f"must be >= 0, got {val}")
-    if not 0 <= cfg.quantile.target_quantile <= 1:
-        _fail("quantile.target_quantile", f"must be in [0, 1], got {cfg.quantile.target_quantile}")
-    _choice("quantile.norm_source", cfg.quantile.norm_source, ("per_example", "update"))
-    for key, val in (("lldm.reduction", cfg.lldm.reduction), ("lldm.keep_fraction", cfg.lldm.keep_fraction)):
-        if not 0 < val <= 1:
-            _fail(key, f"must be in (0, 1], got {val}")
+    for _, section in cfg.sections:          # each method section checks itself (and what it needs of cfg)
+        check = getattr(section, "check", None)
+        if check is not None:
+            check(cfg)
     return cfg
 
 
@@ -455,7 +409,13 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
+    """The config as plain values; method sections appear as top-level keys, as they are written."""
+    if not isinstance(cfg, Config):
+        return dataclasses.asdict(cfg)
+    out = {f.name: dataclasses.asdict(getattr(cfg, f.name)) if dataclasses.is_dataclass(getattr(cfg, f.name))
+           else getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "sections"}
+    out.update({name: dataclasses.asdict(section) for name, section in cfg.sections})
+    return out
 
 
 def config_hash(cfg: Config) -> str:
@@ -469,49 +429,52 @@ def _hash_dict(values: dict[str, Any]) -> str:
 
 
 def server_holdout_size(cfg: Config) -> int:
-    """Training images removed before partitioning for the public server hold-out (``data.server_holdout``)."""
+    """Training images removed before partitioning for the public server hold-out (``data.server_holdout``;
+    unset: the largest ``holdout_default()`` any method section asks for, else 0)."""
     if cfg.data.server_holdout is not None:
         return int(cfg.data.server_holdout)
-    return 500 if cfg.cra.utility == "server_val_f1" else 0
+    wanted = [int(section.holdout_default()) for _, section in cfg.sections if hasattr(section, "holdout_default")]
+    return max(wanted, default=0)
 
 
-_RUNTIME_KEYS_ADDED_LATER = ("eval_on", "malloc_tuning")
-#: ADPC keys added later, with the value that reproduces the behaviour from before they existed.
-_ADPC_KEYS_ADDED_LATER = {"read": "per_client", "step": "coupled"}
+#: Runtime keys that change a run's results: the thread count moves sums in the last place (MKL splits
+#: small matmuls by it); every other runtime key only says where and how fast the run executes.
+RESULT_RUNTIME_KEYS = ("torch_threads",)
 
 
-def _adpc_runs(cfg: Config) -> bool:
-    """Whether ADPC runs (FedDimDP or one of its presets with the switch on): only then do its keys
-    added later enter the run id, so no other method's run id moves with their defaults."""
-    family = cfg.method == "feddimdp" or cfg.method.startswith("feddimdp-")
-    return family and cfg.method != "feddimdp-no-adpc" and cfg.feddimdp.on("adpc")
+#: ``(cfg, section name) -> bool``: whether the run ``cfg`` uses that method section (installed by the
+#: method registry: the run's method owns the section and has it switched on). None: every section counts.
+_SECTION_IN_USE: list[Callable[[Config, str], bool]] = []
+
+
+def set_section_use(rule: Callable[[Config, str], bool]) -> None:
+    _SECTION_IN_USE[:] = [rule]
+
+
+#: ``cfg -> cfg`` with its method's presets applied (installed by the method registry), so that a config
+#: naming a preset (``feddimdp-no-adpc``) and the same config resolved have one run id.
+_RESOLVE_PRESET: list[Callable[[Config], Config]] = []
+
+
+def set_preset_resolver(resolve: Callable[[Config], Config]) -> None:
+    _RESOLVE_PRESET[:] = [resolve]
 
 
 def result_hash(cfg: Config) -> str:
-    """Hash of the result-relevant config. Where and how fast a run executes does not change its
-    results (the determinism test), so the runtime section and data paths are not part of it."""
-    d = dataclasses.replace(cfg.data, root=None, cache_dir=None, download=False)
-    values = config_to_dict(cfg.replace(runtime=RuntimeConfig(), data=d))
-    # Runtime keys added later are left out of the (defaulted) runtime section: run ids stay those of
-    # results written before the keys existed.
-    for key in _RUNTIME_KEYS_ADDED_LATER:
-        del values["runtime"][key]
-    for key, legacy in _ADPC_KEYS_ADDED_LATER.items():
-        # The earlier behaviour, or no ADPC at all: the run id the config had before the key existed.
-        if values["adpc"][key] == legacy or not _adpc_runs(cfg):
-            del values["adpc"][key]
-    if cfg.clients_per_round is None:
-        # Full participation: `participation` changes nothing, and leaving both keys out keeps the run ids
-        # of results written before the keys existed (their runs resume into the same rows).
-        del values["clients_per_round"], values["participation"]
-    if cfg.data.train_subsample is None:
-        del values["data"]["train_subsample"]   # the whole training split: the run id it had before the key existed
-    if cfg.replicate == 0:
-        del values["replicate"]        # the default: a federation's first replicate keeps its run id
-    if cfg.eval_every == 1:
-        del values["eval_every"]       # the default: run ids of results written before the key existed stay the same
-    if cfg.model == "cnn":
-        del values["model"]            # likewise for the default backbone
+    """Hash of every config key that changes results: the generic keys, the hold-out size as resolved,
+    ``runtime.torch_threads`` and the method sections the run uses. Where and how fast a run executes
+    does not change its results (the determinism test), so the other runtime keys and the data paths are
+    not part of it, nor are the sections of other methods (or of components switched off). Presets are
+    resolved first: a run has the same id before and after its preset switches are filled in."""
+    if _RESOLVE_PRESET:
+        cfg = _RESOLVE_PRESET[0](cfg)
+    d = dataclasses.replace(cfg.data, root=None, cache_dir=None, download=False, server_holdout=server_holdout_size(cfg))
+    values = config_to_dict(cfg.replace(data=d))
+    values["runtime"] = {key: values["runtime"][key] for key in RESULT_RUNTIME_KEYS}
+    if _SECTION_IN_USE:
+        for name, _ in cfg.sections:
+            if not _SECTION_IN_USE[0](cfg, name):
+                del values[name]
     return _hash_dict(values)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import pickle
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Protocol
@@ -17,20 +16,22 @@ from raysim.data import DATASETS, load_dataset
 from raysim.results import ResultsSink
 from raysim.results.rows import now, run_row
 from raysim.rng import np_generator
-from raysim.simulation import RoundRecord, SetupRecord
+from raysim.simulation import RoundRecord, SetupRecord, load_checkpoint
 from raysim.state_store import delete_files
 
 
-def check_config(cfg: Config) -> None:
-    """Registry checks (method and its preset, dataset) that config validation cannot do by itself."""
-    resolve_preset(cfg)
+def check_config(cfg: Config) -> Config:
+    """Registry checks (method and its preset, dataset) that config validation cannot do by itself;
+    returns ``cfg`` with its method's presets resolved, the config every later step of the run uses."""
+    cfg = resolve_preset(cfg)
     if cfg.data.name not in DATASETS:
         raise ConfigError(f"config key 'data.name': unknown dataset {cfg.data.name!r}; choose one of {', '.join(sorted(DATASETS))}")
+    return cfg
 
 
 def prepare(cfg: Config) -> tuple[Any, Any]:
     """Check the config against the registries, load (train, test), and run :func:`preflight`."""
-    check_config(cfg)
+    cfg = check_config(cfg)
     train = load_dataset(cfg.data.name, "train", cfg.data.root, download=cfg.data.download, cache_dir=cfg.data.cache_dir)
     train = subsample_train(cfg, train)
     test = load_dataset(cfg.data.name, "test", cfg.data.root, download=cfg.data.download, cache_dir=cfg.data.cache_dir)
@@ -50,7 +51,7 @@ def subsample_train(cfg: Config, train: Any) -> Any:
 def preflight(cfg: Config, train: Any) -> None:
     """Catch user errors (privacy settings, impossible partitions) here, before any actor starts."""
     from raysim.privacy.plan import resolve_clipping
-    from raysim.simulation import make_partition
+    from raysim.run_data import make_partition
     resolve_clipping(get_method(cfg.method), cfg)
     make_partition(cfg, train.y)
 
@@ -90,7 +91,7 @@ def run_experiment(cfg: Config, results_dir: str, backend: Backend, *, sweep_id:
     rounds run again, so the tables end equal to an uninterrupted run's, bit for bit. ``restart``
     starts from scratch instead. ``data`` is the (train, test) pair from :func:`prepare`.
     """
-    cfg = resolve_preset(cfg)
+    cfg = check_config(cfg)   # presets resolved once, here; every later step gets this config
     train, test = data if data is not None else prepare(cfg)
     sink = ResultsSink(results_dir)
     run_id = run_id_for(cfg)
@@ -98,7 +99,7 @@ def run_experiment(cfg: Config, results_dir: str, backend: Backend, *, sweep_id:
     blob = sink.read_checkpoint(run_id) if previous and previous.get("status") in ("running", "failed") else None
     best_acc = best_f1 = -math.inf
     if blob is not None:
-        done = int(pickle.loads(blob)["completed_rounds"])
+        done = int(load_checkpoint(blob)["completed_rounds"])
         sink.clear_rounds_after(run_id, done)
         kept = sink.read_run_rounds(run_id)   # rounds after `done` were just deleted
         if len(kept):

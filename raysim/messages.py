@@ -3,8 +3,7 @@
 On the wire (any pickling, Ray's included) the CPU tensors inside a payload, task or result, at
 any depth of their dicts, lists and tuples, travel as NumPy arrays: Ray passes those out of band
 (one memcpy into the object store, zero-copy reads), whereas a pickled tensor goes through
-``torch.save`` of its storage. Returning five 190k-parameter deltas from an actor takes 19.4 ms
-as tensors and 7.1 ms as arrays (``python experiments/bench/probes.py transfer``).
+``torch.save`` of its storage, which costs a copy more on each side.
 A received array that Ray maps read-only is copied once, so every tensor a message yields is
 writable and owns its memory.
 """

@@ -14,7 +14,7 @@ after a resume, and the privacy plan can read each client's whole participation 
 
 Privacy: the accountant treats the schedule as public and composes, for each client, exactly the
 rounds it takes part in; it claims no amplification by client sampling (the guarantee is per example
-of one client, SPEC §2, and a client's own rounds are known to the adversary).
+of one client, docs/privacy.md, and a client's own rounds are known to the adversary).
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """The one round loop, written against the executor interface.
 
-``Simulation`` owns the server side of a run: partitions, privacy plan, global model, the
-method's server strategy and the per-client privacy ledgers. It yields one record per round;
-whoever drives it (the CLI in-process, or the driver actor on Ray) writes the records.
+``Simulation`` owns the server side of a run and yields one record per round; whoever drives it (the
+CLI in-process, or the driver actor on Ray) writes the records. It delegates by concern: the process
+settings (``raysim.allocator.configure_process``), the data set-up (``raysim.run_data``), the privacy
+bookkeeping with its checkpoint state (``raysim.privacy.book``) and the rows (``raysim.results.rows``);
+what stays here is the round itself: dispatch, collect, aggregate, account, evaluate, checkpoint.
 
 Populations: what the server keeps per client is small (shard indices, σ_i and ε_i, a privacy ledger
 created when the client first trains), model-sized client state goes to a
@@ -25,22 +27,43 @@ import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from raysim.algorithms.base import MethodContext
-from raysim.allocator import tune_malloc
 from raysim.algorithms.registry import get_method, resolve_preset
+from raysim.allocator import configure_process
 from raysim.client import eval_where
-from raysim.config import Config, ConfigError, server_holdout_size
-from raysim.data import ArrayDataset, partition, partition_stats, to_float_tensor, train_val_split
+from raysim.config import Config
+from raysim.data import ArrayDataset
+from raysim.messages import ClientData, ClientResult, ClientTask, RoundPayload
 from raysim.metrics import Evaluation, evaluate
 from raysim.models import count_parameters, init_parameters, model_for
-from raysim.privacy.accounting import PrivacyLedger, epsilon_many
+from raysim.participation import participation_schedule
+from raysim.privacy.accounting import PrivacyLedger
+from raysim.privacy.book import PrivacyBook, max_planned
 from raysim.privacy.grad_sample import layer_slices
-from raysim.participation import is_full, participation_schedule, rounds_by_client
-from raysim.privacy.plan import (ParticipationPlan, accounting_factor, not_covered, plan_noise, resolve_clipping,
-                                 round_events, side_channels)
-from raysim.rng import np_generator, torch_generator
+from raysim.privacy.plan import ParticipationPlan, not_covered, resolve_clipping
+from raysim.results import rows
+from raysim.rng import torch_generator
+from raysim.run_data import prepare_run_data
 from raysim.state_store import ClientStateStore
 from raysim.training import sample_rate, steps_per_epoch
-from raysim.messages import ClientData, ClientResult, ClientTask, RoundPayload
+
+
+#: Version of the checkpoint layout written by :meth:`Simulation.state`; a checkpoint of another version
+#: is refused (the run restarts with ``--restart``), never migrated.
+CHECKPOINT_FORMAT = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint this code cannot resume from."""
+
+
+def load_checkpoint(blob: bytes) -> dict[str, Any]:
+    """The state in a checkpoint written by :meth:`Simulation.run`, refused if it has another format."""
+    state = pickle.loads(blob)
+    version = state.get("format_version") if isinstance(state, dict) else None
+    if version != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"checkpoint format {version!r} is not {CHECKPOINT_FORMAT}; "
+                              f"rerun with --restart to start this run from scratch")
+    return state
 
 
 class TrainingDiverged(RuntimeError):
@@ -65,12 +88,6 @@ class Executor(Protocol):
     def evaluate(self, weights: torch.Tensor, x: torch.Tensor, y: torch.Tensor, num_classes: int) -> Any:
         """Evaluate the global model on a worker (``runtime.eval_on``), or return None to leave it to the server."""
     def shutdown(self) -> None: ...
-
-
-def max_planned(sigmas: np.ndarray) -> float:
-    """The largest σ_i that is planned (not NaN), or NaN when none is."""
-    planned = sigmas[~np.isnan(sigmas)]
-    return float(planned.max()) if planned.size else math.nan
 
 
 @dataclass
@@ -129,41 +146,6 @@ class _Aggregated:
     max_sigma: float
 
 
-def server_holdout(cfg: Config, num_train: int) -> tuple[np.ndarray, np.ndarray]:
-    """(public server hold-out, the rest) as sorted indices into the train split (``data.server_holdout``).
-
-    The hold-out is drawn from the stream ``(seed, "server-holdout")`` before partitioning and belongs
-    to no client; without one the rest is every index, so partitions are unchanged."""
-    size = server_holdout_size(cfg)
-    if size == 0:
-        return np.zeros(0, dtype=np.int64), np.arange(num_train)
-    if size >= num_train:
-        raise ConfigError(f"data.server_holdout={size} leaves no training data ({num_train} images)")
-    held = np.sort(np_generator(cfg.seed, "server-holdout").choice(num_train, size, replace=False))
-    return held, np.setdiff1d(np.arange(num_train), held)
-
-
-def make_partition(cfg: Config, labels: np.ndarray) -> list[ClientData]:
-    """Seeded partition of the train labels (less the server hold-out) into clients, each with a local
-    validation split."""
-    d = cfg.data
-    _, pool = server_holdout(cfg, len(labels))
-    if cfg.num_clients > len(pool):
-        raise ConfigError(f"num_clients={cfg.num_clients} is more than the {len(pool)} training samples of {d.name}")
-    parts = partition(labels[pool], cfg.num_clients, d.partition, np_generator(cfg.seed, "partition"), alpha=d.alpha,
-                      min_samples_per_client=d.min_samples_per_client, shards_per_client=d.shards_per_client,
-                      shard_size_sigma=d.shard_size_sigma)
-    clients = []
-    for cid, local in enumerate(parts):
-        idx = pool[np.asarray(local, dtype=np.int64)]
-        tr, va = train_val_split(idx, d.val_fraction, np_generator(cfg.seed, "val-split", 0, cid))
-        if len(tr) == 0:
-            raise ConfigError(f"client {cid} has no training samples after the validation split; "
-                              f"lower data.val_fraction or num_clients")
-        clients.append(ClientData(cid, tr, va))
-    return clients
-
-
 class Simulation:
     """One run's server side. Iterate :meth:`run` to execute it round by round."""
 
@@ -173,10 +155,8 @@ class Simulation:
         ``checkpoints/<run_id>/client_states``); None keeps them in memory."""
         started = time.perf_counter()
         self.state_dir = state_dir
-        torch.set_num_threads(cfg.runtime.torch_threads)
-        if cfg.runtime.malloc_tuning:
-            tune_malloc()
-        cfg = resolve_preset(cfg)
+        configure_process(cfg.runtime)
+        cfg = resolve_preset(cfg)   # the one place a run's presets are resolved (idempotent for callers that did)
         self.cfg = cfg
         self.spec = get_method(cfg.method)
         self.clipping = resolve_clipping(self.spec, cfg)
@@ -192,81 +172,59 @@ class Simulation:
         self.setup.startup_seconds = time.perf_counter() - started
 
     def _plan(self, cfg: Config, train: ArrayDataset, test: ArrayDataset) -> None:
-        self.clients = make_partition(cfg, train.y)
-        stats = [partition_stats(train.y, [c.train_indices for c in self.clients], train.info.num_classes).assign(split="train"),
-                 partition_stats(train.y, [c.val_indices for c in self.clients], train.info.num_classes).assign(split="val")]
-        n = np.array([len(c.train_indices) for c in self.clients])
+        data = prepare_run_data(cfg, train, test)
+        self.clients = data.clients
+        self.test_x, self.test_y, self.val_x, self.val_y = data.test_x, data.test_y, data.val_x, data.val_y
+        self.info = test.info
+        n = data.num_samples
         self.q = np.array([sample_rate(int(k), cfg.batch_size) for k in n])
         self.steps = np.array([steps_per_epoch(int(k), cfg.batch_size) * cfg.local_epochs for k in n])
-        # Public schedule, drawn up front from the seed (raysim.participation); full participation keeps the
-        # eager plan of all clients for all T rounds, partial participation plans each client lazily.
+        # Public schedule, drawn up front from the seed (raysim.participation).
         self.schedule = participation_schedule(cfg)
-        self.full_participation = is_full(self.schedule, cfg.num_clients)
-        if self.full_participation:
-            self.plan = None
-            self.sigmas = plan_noise(self.spec, cfg, self.clipping, self.q, self.steps)
-        else:
-            self.plan = ParticipationPlan(self.spec, cfg, self.clipping, self.q, self.steps,
-                                          rounds_by_client(self.schedule, cfg.num_clients))
-            self.sigmas = np.full(cfg.num_clients, np.nan)   # shared with the server's context, filled in place
-        self.factor = accounting_factor(self.clipping, self.spec.client.releases_for(cfg)) if self.clipping != "none" else 0.0
-        self.channels = side_channels(self.spec, cfg)
-        # Ledgers of the clients that trained so far (created on first participation). Under partial
-        # participation they keep no incremental accountant state (~200 kB each with PLD), so the driver
-        # and its checkpoints hold a few hundred bytes per client that trained, nothing for the others.
-        self.ledgers: dict[int, PrivacyLedger] = {}
-        # ε per client, updated only for the clients whose ledger changed in a round.
-        self.epsilons = np.full(cfg.num_clients, 0.0 if self.clipping != "none" else math.inf)
-        self.model = model_for(cfg, train.info, self.spec.lldm(cfg))
+        self.privacy = PrivacyBook(self.spec, cfg, self.clipping, self.q, self.steps, self.schedule)
+        self.full_participation = self.privacy.full_participation
+        self.model = model_for(cfg, train.info, self.spec.model_options(cfg))
         init_parameters(self.model, torch_generator(cfg.train_seed, "model-init"))
-        self.info = test.info
-        test_x, test_y = test.x, test.y
-        if cfg.data.test_subsample is not None and cfg.data.test_subsample < len(test_y):
-            keep = np.sort(np_generator(cfg.seed, "test-subsample").choice(len(test_y), cfg.data.test_subsample, replace=False))
-            test_x, test_y = test_x[keep], test_y[keep]   # before the float copy (4× the uint8 split), not after
-        self.test_x = to_float_tensor(test_x, test.info)
-        self.test_y = torch.from_numpy(test_y.astype(np.int64))
         with torch.no_grad():
             self.weights = parameters_to_vector(self.model.parameters()).detach().clone()
-        # The public server hold-out doubles as the validation set (``val_*`` columns): the global model is
-        # scored on it whenever it is scored on the test split, so tuning never needs the test split.
-        held, _ = server_holdout(cfg, len(train.y))
-        self.val_x = to_float_tensor(train.x[held], train.info) if len(held) else None
-        self.val_y = torch.from_numpy(train.y[held].astype(np.int64)) if len(held) else None
-        holdout_f1 = self._holdout_scorer(train.info) if len(held) else None
+        holdout_f1 = self._holdout_scorer(train.info) if self.val_x is not None else None
         ctx = MethodContext(cfg, self.clipping, int(self.weights.numel()), layer_slices(self.model), n, self.steps,
-                            self.sigmas, holdout_f1)
+                            self.privacy.sigmas, holdout_f1)
         self.server = self.spec.server(ctx)
         self.client_states = ClientStateStore(self.state_dir, keep_released=bool(cfg.runtime.checkpoint_every))
         self.completed_rounds = 0
         self._inflight: _Dispatched | None = None   # round t+1, submitted while round t is evaluated (run)
-        self.max_sigma = max_planned(self.sigmas)
-        self.setup = SetupRecord(pd.concat(stats, ignore_index=True), count_parameters(self.model), self.clipping,
+        self.setup = SetupRecord(data.partition_stats, count_parameters(self.model), self.clipping,
                                  [float(s) for s in self.sigmas], not_covered(self.spec, cfg, self.clipping))
 
+    # --- the privacy bookkeeping (raysim.privacy.book), as the simulation's own attributes
+    @property
+    def sigmas(self) -> np.ndarray:
+        return self.privacy.sigmas
+
+    @property
+    def ledgers(self) -> dict[int, PrivacyLedger]:
+        return self.privacy.ledgers
+
+    @property
+    def epsilons(self) -> np.ndarray:
+        return self.privacy.epsilons
+
+    @property
+    def plan(self) -> ParticipationPlan | None:
+        return self.privacy.plan
+
     def plan_clients(self, client_ids: Sequence[int]) -> None:
-        """Give every client of ``client_ids`` its σ (partial participation: calibrated on first use, for
-        its whole planned participation, so this is the same σ whenever it is computed)."""
-        if self.plan is None:
-            return
-        for cid in client_ids:
-            if math.isnan(self.sigmas[cid]):
-                self.sigmas[cid] = self.plan.sigma(int(cid))
-                self.max_sigma = self.sigmas[cid] if math.isnan(self.max_sigma) else max(self.max_sigma, self.sigmas[cid])
+        self.privacy.plan_clients(client_ids)
 
     def ledger(self, client_id: int) -> PrivacyLedger:
         """Client ``client_id``'s ledger (an empty one, not kept, for a client that never trained)."""
-        found = self.ledgers.get(int(client_id))
-        return found if found is not None else self._new_ledger()
-
-    def _new_ledger(self) -> PrivacyLedger:
-        p = self.cfg.privacy
-        return PrivacyLedger(p.delta, p.accountant, incremental=self.full_participation)
+        return self.privacy.ledger(client_id)
 
     def _holdout_scorer(self, info: Any):
         """macro-F1 of flat weights on the public hold-out (post-processing of DP outputs on public data)."""
         x, y = self.val_x, self.val_y
-        scratch = model_for(self.cfg, info, self.spec.lldm(self.cfg))
+        scratch = model_for(self.cfg, info, self.spec.model_options(self.cfg))
 
         def score(weights: torch.Tensor) -> float:
             vector_to_parameters(weights.detach().clone(), scratch.parameters())
@@ -310,39 +268,18 @@ class Simulation:
     def state(self) -> dict[str, Any]:
         """What a resumed run needs to continue bit for bit: every random stream is keyed by
         (seed, purpose, round, client), so no generator state is saved, only what was learned."""
-        return {"completed_rounds": self.completed_rounds, "weights": self.weights.clone(),
-                "server": self.server.state_dict(), "client_state_manifest": self.client_states.manifest(),
-                "ledgers": self.ledgers, "epsilons": self.epsilons.copy(), "noise_multipliers": self.sigmas.copy(),
-                "sigma_memo": dict(self.plan.memo) if self.plan is not None else {}}
+        return {"format_version": CHECKPOINT_FORMAT, "completed_rounds": self.completed_rounds,
+                "weights": self.weights.clone(), "server": self.server.state_dict(),
+                "client_state_manifest": self.client_states.manifest(), **self.privacy.state()}
 
     def restore(self, blob: bytes) -> None:
         """Continue from a checkpoint written by :meth:`run` (rounds after it run next)."""
-        state = pickle.loads(blob)
+        state = load_checkpoint(blob)
         self.completed_rounds = int(state["completed_rounds"])
         self.weights = state["weights"]
         self.server.load_state_dict(state["server"])
-        if "client_state_manifest" in state:
-            self.client_states.load(state["client_state_manifest"])
-        else:   # a checkpoint from before the state store: every state inline (large ones spill now)
-            for cid, client_state in state["client_states"].items():
-                self.client_states.put(cid, client_state, self.completed_rounds)
-            self.client_states.released()
-        ledgers = state["ledgers"]
-        if isinstance(ledgers, list):   # from before lazy ledgers: one per client, empty if it never trained
-            ledgers = {cid: led for cid, led in enumerate(ledgers) if led.events}
-        self.ledgers = dict(ledgers)
-        # Checkpoints from before partial participation lack these: ε is recomputed from the ledgers, and σ
-        # is re-planned on demand (a pure function of each client's key, so the same values).
-        if "epsilons" in state:
-            self.epsilons = np.array(state["epsilons"], dtype=np.float64)
-        elif self.clipping != "none" and self.ledgers:
-            ids = sorted(self.ledgers)
-            self.epsilons[ids] = epsilon_many([self.ledgers[c] for c in ids])
-        if "noise_multipliers" in state:
-            self.sigmas[:] = state["noise_multipliers"]    # in place: the server's context holds this array
-        if self.plan is not None:
-            self.plan.memo.update(state.get("sigma_memo", {}))
-        self.max_sigma = max_planned(self.sigmas)
+        self.client_states.load(state["client_state_manifest"])
+        self.privacy.restore(state)
         self.setup.noise_multipliers = [float(s) for s in self.sigmas]
         self.setup.resumed_after = self.completed_rounds
 
@@ -390,16 +327,7 @@ class Simulation:
         if agg is not None:
             self.weights = agg.global_weights
         t2 = time.perf_counter()
-        if self.clipping != "none" and tasks:
-            for task in tasks:
-                cid = task.client_id
-                ledger = self.ledgers.get(cid)
-                if ledger is None:
-                    ledger = self.ledgers[cid] = self._new_ledger()
-                for ev in round_events(float(self.q[cid]), int(self.steps[cid]), task.noise_multiplier, self.factor, self.channels):
-                    ledger.record(ev)
-            # Only the participants' ledgers changed; everyone else keeps the ε of an earlier round.
-            self.epsilons[participants] = epsilon_many([self.ledgers[cid] for cid in participants])
+        self.privacy.record_round(tasks, participants)
         t3 = time.perf_counter()
         return _Aggregated(sent, results, agg, t0, t1, t2, t3, self.planned_max_sigma())
 
@@ -410,27 +338,16 @@ class Simulation:
         t, clip, tasks = sent.server_round, sent.clip, sent.tasks
         clip_total = float(np.sqrt(np.sum(np.square(clip)))) if isinstance(clip, tuple) else float(clip)
         slowest = max((r.seconds for r in results), default=0.0)
-        round_row = {
-            "round": t, "participants": len(sent.participants), "test_accuracy": ev.accuracy, "test_f1": ev.f1,
-            "test_loss": ev.loss, "val_accuracy": val.accuracy if val else math.nan,
-            "val_f1": val.f1 if val else math.nan, "clip_norm": clip_total, "epsilon": float(self.epsilons.max()),
-            "mean_train_loss": float(np.mean([r.train_loss for r in results])) if results else math.nan,
+        timings = {
             "round_seconds": t4 - done.t0, "client_train_seconds": slowest,
             # With overlapping rounds the clients may have trained before this round's clock started.
             "communication_seconds": max(0.0, (done.t1 - done.t0 - sent.plan_seconds) - slowest),
             "aggregation_seconds": done.t2 - done.t1, "accounting_seconds": sent.plan_seconds + (done.t3 - done.t2),
-            "eval_seconds": t4 - done.t3,
-            **(agg.round_logs if agg is not None else {}),
-        }
-        client_rows = []
+            "eval_seconds": t4 - done.t3}
+        round_row = rows.round_row(t, len(sent.participants), ev, val, clip_total, float(self.epsilons.max()), results,
+                                   timings, agg.round_logs if agg is not None else {})
         logs_of = (agg.client_logs if agg is not None else None) or [{}] * len(results)
-        for r, task, logs in zip(results, tasks, logs_of):
-            row = {"round": t, "client_id": r.client_id, "num_samples": r.num_samples, "num_steps": r.num_steps,
-                   "train_loss": r.train_loss, "update_norm": float(r.delta.norm()), "frac_clipped": r.frac_clipped,
-                   "clip_norm": clip_total, "noise_multiplier": task.noise_multiplier,
-                   "epsilon": float(self.epsilons[r.client_id]), "client_seconds": r.seconds, **r.diagnostics}
-            row.update(logs)
-            client_rows.append(row)
+        client_rows = rows.client_rows(t, results, tasks, logs_of, clip_total, self.epsilons)
         return RoundRecord(t, round_row, client_rows, max_noise_multiplier=done.max_sigma)
 
     def _evaluates_on_worker(self, t: int) -> bool:
@@ -463,4 +380,4 @@ class Simulation:
 
     def planned_max_sigma(self) -> float:
         """The largest σ_i planned so far (NaN if none)."""
-        return float(self.max_sigma)
+        return float(self.privacy.max_sigma)

@@ -19,14 +19,14 @@ key, never replacing a whole section. Grid points that resolve to the same run (
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from raysim.config import Config, ConfigError, apply_overrides, cli_overrides, config_from_dict, read_yaml
+from raysim.config import (Config, ConfigError, apply_overrides, cli_overrides, config_from_dict, config_to_dict,
+                           read_yaml)
 
 __all__ = ["Sweep", "load_sweep", "expand_sweep", "check_sweep", "read_statuses", "sweep_id_for", "run_label"]
 
@@ -79,11 +79,11 @@ def _lookup(values: Mapping[str, Any], key: str) -> Any:
         if isinstance(node, Mapping) and part in node:
             node = node[part]
             continue
-        node = Config()
+        node = config_to_dict(Config())     # method sections included, at their defaults
         for p in key.split("."):
-            if not dataclasses.is_dataclass(node) or p not in {f.name for f in dataclasses.fields(node)}:
+            if not isinstance(node, Mapping) or p not in node:
                 raise ConfigError(f"sweep overrides: unknown config key '{key}' in `when`")
-            node = getattr(node, p)
+            node = node[p]
         return node
     return node
 

@@ -1,6 +1,6 @@
 """The one local training loop; every method runs it, changing only its hooks.
 
-Privacy assumptions (SPEC §2): record-level DP for one client's local data; in the DP modes
+Privacy assumptions (docs/privacy.md): record-level DP for one client's local data; in the DP modes
 each step's batch is drawn by Poisson sampling with rate q = B / n_i (independently per
 example), so the subsampled-Gaussian accountant applies; each step makes
 ``hooks.releases_per_step`` Gaussian releases on that batch. Everything the hooks add after
@@ -24,7 +24,7 @@ from raysim.rng import np_generator, torch_generator
 
 
 def steps_per_epoch(num_samples: int, batch_size: int) -> int:
-    """⌈n_i / B⌉ local steps per epoch (SPEC §2: T·E·⌈n_i/B⌉ steps in all)."""
+    """⌈n_i / B⌉ local steps per epoch (T·E·⌈n_i/B⌉ steps in all over T rounds)."""
     return max(1, math.ceil(num_samples / batch_size))
 
 

@@ -1,4 +1,4 @@
-"""Shared fixtures. Ray starts at most once per test session (STYLE: one shared ray.init)."""
+"""Shared fixtures. Ray starts at most once per test session (one shared ray.init)."""
 
 from __future__ import annotations
 

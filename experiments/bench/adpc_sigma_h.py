@@ -1,11 +1,13 @@
-"""How much ADPC's histogram release raises the calibrated DP-SGD σ, per σ_h (SPEC §3 default choice).
+"""How much ADPC's histogram release raises the calibrated DP-SGD σ, per σ_h (and how long calibration takes).
 
 For a preset (default: the CIFAR-10 paper preset, T = 100 rounds, ε = 8) this builds the real
 partition, calibrates every client's σ without the histogram release (``feddimdp.adpc=false``) and
-with it for each σ_h of a grid of round numbers, and prints the largest relative increase over the
-clients. The default ``adpc.histogram_noise_multiplier`` is the smallest grid value with ≤ 3 %.
+with it for each σ_h of a grid, and prints the largest relative increase over the clients and the
+seconds each calibration took. The default ``adpc.histogram_noise_multiplier`` is the smallest grid
+value with ≤ 3 % (docs/methods.md, "Default σ_h").
 
     python experiments/bench/adpc_sigma_h.py --data-root DATA_ROOT [--config experiments/paper/cifar10.yaml]
+    python experiments/bench/adpc_sigma_h.py --config experiments/quickstart.yaml       # offline
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from raysim.algorithms.registry import get_method, resolve_preset
 from raysim.config import ConfigError, apply_overrides, cli_overrides, config_from_dict, read_yaml
 from raysim.data import load_dataset
 from raysim.privacy.plan import plan_noise, resolve_clipping
-from raysim.simulation import make_partition
+from raysim.run_data import make_partition
 from raysim.training import sample_rate, steps_per_epoch
 
 GRID = (5, 10, 15, 20, 25, 30, 40, 50, 60, 80, 100)
@@ -41,7 +43,8 @@ def sigmas(cfg) -> np.ndarray:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="experiments/paper/cifar10.yaml")
-    ap.add_argument("--data-root", required=True)
+    ap.add_argument("--data-root", default=None, help="folder holding cifar10/, svhn/, stl10/ (sets data.root)")
+    ap.add_argument("--grid", type=float, nargs="+", default=list(GRID), help="the σ_h values to try")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -53,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [{"histogram_noise_multiplier": None, "max_sigma": float(ref.max()), "max_increase": 0.0,
              "seconds": time.perf_counter() - t0}]
     print(f"without the histogram: σ_i in [{ref.min():.4f}, {ref.max():.4f}] ({rows[0]['seconds']:.1f} s)", file=sys.stderr)
-    for sigma_h in GRID:
+    for sigma_h in args.grid:
         t0 = time.perf_counter()
         cfg = config_from_dict(apply_overrides(values, [("adpc.histogram_noise_multiplier", sigma_h)]))
         try:
@@ -67,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"σ_h = {sigma_h:>4}: σ rises by at most {100 * inc:.2f} % ({rows[-1]['seconds']:.1f} s)", file=sys.stderr)
     ok = [r["histogram_noise_multiplier"] for r in rows[1:] if r["max_increase"] <= 0.03]
     print(json.dumps({"rows": rows, "smallest_within_3_percent": min(ok) if ok else None}) if args.json else
-          f"smallest σ_h in {GRID} with ≤ 3 % increase: {min(ok) if ok else 'none'}")
+          f"smallest σ_h in {args.grid} with ≤ 3 % increase: {min(ok) if ok else 'none'}")
     return 0
 
 

@@ -1,7 +1,7 @@
 """Throughput of one DP training step, per gradient engine, against plain SGD in the same run.
 
     python experiments/bench/dp_step.py [--json] [--steps N] [--batch-size 64] [--threads T] [--lldm]
-        [--model cnn|resnet18_gn|wrn16_4] [--engines plain,bk,...] [--no-malloc-tuning]
+        [--model cnn|resnet18_gn|wrn16_4] [--engines plain,bk,...] [--no-malloc-tuning] [--profile]
 
 Each engine trains its own copy of the same initial model on the same seeded random batches
 (3x32x32, 10 classes): warm-up steps first, then timed steps, the engines taking turns step by
@@ -9,6 +9,12 @@ step in a seeded random order that changes every round; samples/s = B / median s
 JSON also has B / mean step time). Minor page faults per step are the process's, counted around
 each timed step.
 An engine that cannot run the model is reported as "unsupported: <reason>", not a crash.
+
+``--profile`` instead times the phases of raysim's per-sample step (``privatize`` with the ``bk``
+engine, as local training calls it): the noise draw, then the engine's own phases as it reports
+them through its ``on_phase`` hook (forward, backward to the layer outputs, each layer's per-example
+norms, the clip factors, each layer's clipped sum), then the optimiser step; min and median over
+the timed steps.
 
 The process runs with the glibc malloc settings raysim applies wherever it trains
 (:func:`raysim.allocator.tune_malloc`, ``runtime.malloc_tuning``), plain SGD included;
@@ -189,6 +195,50 @@ def _markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def profile(args: argparse.Namespace) -> list[dict]:
+    """Phase times (ms) of the real per-sample DP step, through the ``bk`` engine's ``on_phase`` hook."""
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.malloc_tuning:
+        tune_malloc()
+    gen = torch_generator(args.seed, "bench_data")
+    batches = [(torch.randn(args.batch_size, 3, 32, 32, generator=gen),
+                torch.randint(0, 10, (args.batch_size,), generator=gen)) for _ in range(4)]
+    model = build_backbone(args.model, 3, 32, 10, lldm=args.lldm)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    engine = make_engine("bk")
+    noise_gen = torch_generator(args.seed, "bench_noise")
+    times: dict[str, list[float]] = {}
+    clock = {"t": 0.0}
+
+    def lap(phase: str) -> None:
+        now = time.perf_counter()
+        times.setdefault(phase, []).append((now - clock["t"]) * 1e3)
+        clock["t"] = now
+
+    real = engine.clipped_sum
+
+    def entered(*a, **kw):      # the noise is drawn before privatize hands the batch to the engine
+        lap("noise")
+        return real(*a, **kw)
+
+    engine.clipped_sum = entered
+    engine.on_phase = lap
+    for i in range(args.warmup + args.steps):
+        if i == args.warmup:
+            times.clear()
+        x, y = batches[i % len(batches)]
+        start = clock["t"] = time.perf_counter()
+        out = privatize(model, x, y, mode="per_sample", clip_norm=CLIP_NORM, noise_multiplier=NOISE_MULTIPLIER,
+                        expected_batch_size=args.batch_size, generator=noise_gen, engine=engine)
+        for p, g in zip(model.parameters(), out.grads):
+            p.grad = g
+        opt.step()
+        lap("optimiser step")
+        times.setdefault("TOTAL DP step", []).append((time.perf_counter() - start) * 1e3)
+    return [{"phase": k, "min_ms": min(v), "median_ms": statistics.median(v)} for k, v in times.items()]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print a JSON list instead of a markdown table")
@@ -204,6 +254,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-malloc-tuning", dest="malloc_tuning", action="store_false",
                         help="keep glibc's default malloc thresholds (default: raysim's, see raysim.allocator)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profile", action="store_true",
+                        help="time the phases of raysim's per-sample step (bk engine) instead of comparing engines")
     args = parser.parse_args(argv)
     if args.steps <= 0 or args.batch_size <= 0 or args.warmup < 0:
         parser.error("--steps and --batch-size must be > 0, --warmup >= 0")
@@ -211,6 +263,16 @@ def main(argv: list[str] | None = None) -> None:
     unknown = sorted(set(args.engines) - {key for key, _, _ in ENGINES})
     if unknown:
         parser.error(f"--engines: unknown {', '.join(unknown)}")
+    if args.profile:
+        rows = profile(args)
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            print(f"{args.model}{' + LLDM' if args.lldm else ''}, batch {args.batch_size}, "
+                  f"{torch.get_num_threads()} threads, {args.steps} timed steps, ms\n\n| phase | min | median |\n|---|---|---|")
+            for r in rows:
+                print(f"| {r['phase']} | {r['min_ms']:.2f} | {r['median_ms']:.2f} |")
+        return
     rows = run(args)
     if args.json:
         print(json.dumps(rows, indent=2))

@@ -1,4 +1,4 @@
-"""DP-ACDN (SPEC §4, reconstructed (R)): decaying noise schedule + server-side EMA denoising.
+"""DP-ACDN (reconstructed (R), docs/methods.md): decaying noise schedule + server-side EMA denoising.
 
 The paper names this baseline "adaptive noise / communication denoising" without a usable
 description; the rules below are the project's reconstruction.
@@ -17,6 +17,7 @@ the EMA only post-processes DP outputs.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -25,7 +26,7 @@ import torch
 from raysim.algorithms.base import Aggregate, MethodContext, MethodSpec, Server, weighted_sum
 from raysim.algorithms.registry import register
 from raysim.algorithms.server_math import decaying_sigma_schedule
-from raysim.config import Config
+from raysim.config import Config, fail
 from raysim.messages import ClientResult
 
 
@@ -54,7 +55,22 @@ class ACDNServer(Server):
         return Aggregate(new_weights, logs, {"noise_multiplier_scale": float(self.schedule[server_round - 1])})
 
 
+@dataclass(frozen=True)
+class ACDNParams:
+    """``acdn.*``."""
+
+    gamma: float = 0.99                # (R) σ_t = σ_0 γ^t
+    momentum: float = 0.9              # (R) server EMA of aggregated updates
+
+    def check(self, cfg: Config) -> None:
+        if not 0 < self.gamma <= 1:
+            fail("acdn.gamma", f"must be in (0, 1], got {self.gamma}")
+        if not 0 <= self.momentum < 1:
+            fail("acdn.momentum", f"must be in [0, 1), got {self.momentum}")
+
+
 DP_ACDN = register(MethodSpec(
     name="dp-acdn", summary="DP-ACDN (R): σ_t = σ_0·acdn.gamma^(t−1) calibrated to ε, server EMA of aggregates",
-    source="paper's DP-ACDN baseline ('adaptive noise / communication denoising'); reconstructed per SPEC §4",
-    server=ACDNServer, private=True))
+    source="paper's DP-ACDN baseline ('adaptive noise / communication denoising'); reconstructed (docs/methods.md)",
+    server=ACDNServer, private=True, params={"acdn": ACDNParams},
+    round_columns=(("noise_multiplier_scale", "float64"),)))

@@ -1,4 +1,4 @@
-"""AWDP-FL (SPEC §4, reconstructed (R)): adaptive per-layer clipping thresholds.
+"""AWDP-FL (reconstructed (R), docs/methods.md): adaptive per-layer clipping thresholds.
 
 Clients run DP-SGD with per-layer clipping (``MethodSpec.per_layer_clipping``): layer k of each
 example's gradient is clipped to C_k = C·w_k with Σ_k w_k² = 1, so one example's clipped gradient
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -26,7 +27,7 @@ from raysim.algorithms.cra_math import ema
 from raysim.algorithms.registry import register
 from raysim.algorithms.server_math import awdp_layer_weights
 from raysim.algorithms.uploads import Release, Upload, UploadContext
-from raysim.config import Config
+from raysim.config import Config, fail
 from raysim.messages import ClientResult
 
 
@@ -62,7 +63,19 @@ class AWDPServer(Server):
         return agg
 
 
+@dataclass(frozen=True)
+class AWDPParams:
+    """``awdp.*``."""
+
+    beta: float = 0.9                  # (R) EMA of per-layer gradient norms
+
+    def check(self, cfg: Config) -> None:
+        if not 0 <= self.beta < 1:
+            fail("awdp.beta", f"must be in [0, 1), got {self.beta}")
+
+
 AWDP_FL = register(MethodSpec(
     name="awdp-fl", summary="AWDP-FL (R): per-layer thresholds C_k = C·w_k, Σw_k² = 1, w_k ∝ EMA of layer update norms",
-    source="paper's AWDP-FL baseline ('adaptive privacy weighting'); reconstructed per SPEC §4",
-    server=AWDPServer, private=True, per_layer_clipping=True, uploads=awdp_uploads))
+    source="paper's AWDP-FL baseline ('adaptive privacy weighting'); reconstructed (docs/methods.md)",
+    server=AWDPServer, private=True, per_layer_clipping=True, uploads=awdp_uploads, params={"awdp": AWDPParams},
+    client_columns=(("layer_clip_norms", "string"),)))

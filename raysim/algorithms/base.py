@@ -165,13 +165,34 @@ def _accept(cfg: Config, clipping: str) -> None:
     return None
 
 
+def _plain_model(cfg: Config) -> dict[str, Any]:
+    return {}
+
+
+def _every_section(cfg: Config, name: str) -> bool:
+    return True
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     """A registered method: its server and client parts and what it needs from the run.
 
-    ``uploads(cfg)`` declares everything the clients upload besides Δw (and the diagnostics they log);
-    ledger, σ calibration and the not-covered list follow from it. ``preset`` makes this name a preset
-    of another method's switches (dotted config keys → values, e.g. FedDimDP's ablations).
+    Everything a method is lives in its one module and is declared here:
+
+    * ``params``: the config sections it owns, section name → frozen dataclass (defaults, and a
+      ``check(cfg)`` raising ``ConfigError`` for bad values); registering the spec registers them with the
+      config parser, and the method reads them as ``cfg.<section>``;
+    * ``uploads(cfg)``: everything the clients upload besides Δw (and the diagnostics they log); ledger, σ
+      calibration and the not-covered list follow from it;
+    * ``client_columns`` / ``round_columns``: the columns its server logs (``Aggregate.client_logs`` and
+      ``round_logs``) and its uploads fill, as (name, Arrow type name); the results schema is built from them;
+    * ``model_options(cfg)``: keyword options of ``raysim.models.build_backbone`` for this run's model.
+      FedDimDP's LLDM block is such an option, and its code stays in ``raysim/models/lldm.py``: it is
+      inserted inside each backbone (after the last stage, before pooling), where only the backbone
+      builders can place it, and the per-sample engine must see its layers like any other.
+
+    ``preset`` makes this name a preset of another method's switches (dotted config keys → values, e.g.
+    FedDimDP's ablations).
     """
 
     name: str
@@ -180,7 +201,7 @@ class MethodSpec:
     server: type[Server]
     client: type[ClientHooks] = ClientHooks
     private: bool = True               # a DP method: refuses privacy.clipping = none
-    lldm: Callable[[Config], bool] = _never    # build the client model with FedDimDP's LLDM block
+    model_options: Callable[[Config], dict[str, Any]] = _plain_model
     per_layer_clipping: bool = False
     uploads: Callable[[Config], tuple[Upload, ...]] = _no_uploads
     validate: Callable[[Config, str], None] = _accept   # method-specific config checks (clipping resolved)
@@ -189,3 +210,8 @@ class MethodSpec:
     #: the clip norm adapts during the run (ADPC, adaptive quantile clipping), so ``privacy.clip_norm`` is no
     #: fixed C to tune (``raysim tune`` searches it for the fixed-clip methods only)
     adaptive_clip: Callable[[Config], bool] = _never
+    params: dict[str, type] = field(default_factory=dict)
+    #: whether a run (presets resolved) uses one of ``params``' sections; the run id hashes only those
+    uses_section: Callable[[Config, str], bool] = _every_section
+    client_columns: tuple[tuple[str, str], ...] = ()
+    round_columns: tuple[tuple[str, str], ...] = ()

@@ -1,5 +1,5 @@
-"""Server-side clipping-threshold rules, framework-free: ADPC (SPEC §3), Andrew et al. 2021 quantile
-clipping and AWDP-FL per-layer weights (SPEC §4).
+"""Server-side clipping-threshold rules, framework-free: ADPC, Andrew et al. 2021 quantile
+clipping and AWDP-FL per-layer weights (docs/methods.md).
 
 Privacy: ADPC and the AWDP-FL weights only post-process uploaded model deltas, which are already DP
 outputs, so they cost nothing. Quantile clipping reads the *raw* clipped-or-not bits of each client; its
@@ -26,7 +26,7 @@ from raysim.config import CLIPPING_MODES
 
 
 def median(values: np.ndarray) -> float:
-    """Median; for an even count, the mean of the two middle values (SPEC §3 ADPC)."""
+    """Median; for an even count, the mean of the two middle values (ADPC)."""
     arr = np.sort(_finite_vector(values, "values"))
     mid = arr.size // 2
     if arr.size % 2:
@@ -36,7 +36,7 @@ def median(values: np.ndarray) -> float:
 
 def adpc_next_clip(update_norms: np.ndarray, clip_norm: float, *, c_min: float = 0.1,
                    smoothing: float = 1.0) -> float:
-    """ADPC threshold for the next round (SPEC §3).
+    """ADPC threshold for the next round (docs/methods.md, "FedDimDP").
 
     C* = max(median_i s_i, C_min), then C^(t+1) = (1 − γ)·C^(t) + γ·C* with γ = ``smoothing``
     (γ = 1: no smoothing, the paper's literal rule). C_min = 0.1 is (R). ``update_norms`` are the s_i
@@ -74,7 +74,7 @@ def _appearance_weights(batches: list[tuple[np.ndarray, np.ndarray]], num_sample
 
 def example_norm_histogram(batches: list[tuple[np.ndarray, np.ndarray]], edges: np.ndarray,
                            num_samples: int) -> np.ndarray:
-    """ADPC's per-client histogram of pre-clipping per-example gradient norms (SPEC §3), *before* noise.
+    """ADPC's per-client histogram of pre-clipping per-example gradient norms, *before* noise.
 
     ``batches`` holds, per DP release of the round, the batch's indices into the client's training set
     and their norms. An example that appears k times in the round adds 1/k at each appearance, so it
@@ -90,7 +90,7 @@ def example_norm_histogram(batches: list[tuple[np.ndarray, np.ndarray]], edges: 
 
 def histogram_quantile(counts: np.ndarray, edges: np.ndarray, quantile: float) -> float:
     """The ``quantile`` of a (noisy) ADPC histogram: negative cells clamped to 0, cumulative sum,
-    log-linear interpolation inside the bin (SPEC §3). A quantile in the underflow cell reads as
+    log-linear interpolation inside the bin. A quantile in the underflow cell reads as
     ``edges[0]``, in the overflow cell as ``edges[-1]``; an all-zero histogram gives NaN (no information)."""
     c = np.clip(np.asarray(counts, dtype=np.float64), 0.0, None)
     if c.shape != (len(edges) + 1,):
@@ -154,7 +154,7 @@ def update_norm_per_step(delta_norm: float, lr: float, num_steps: int) -> float:
 
 def denoise_update_norm(s: float, *, num_params: int, noise_multiplier: float, clip_norm: float,
                         expected_batch_size: float, num_steps: int, mode: str) -> float:
-    """Remove the known DP-noise energy from a per-step update norm (SPEC §3 ADPC, ``adpc.statistic=update_norm_denoised``, R).
+    """Remove the known DP-noise energy from a per-step update norm (ADPC, ``adpc.statistic=update_norm_denoised``, R).
 
     With plain local SGD, s = ‖mean of τ noisy steps‖ has E[s²] = ‖ḡ‖² + noise energy, where the noise
     energy is d·σ²C²/(B²·τ) for ``per_sample`` (noise N(0, σ²C²I) on a sum divided by B) and d·σ²C²/τ
@@ -211,7 +211,7 @@ def noised_fraction_below(norms: np.ndarray, clip_norm: float, noise_std: float,
 
 
 def awdp_layer_weights(norm_ema: np.ndarray) -> np.ndarray:
-    """AWDP-FL per-layer weights (SPEC §4, R): w_k ∝ EMA of layer k's norm, scaled so Σ_k w_k² = 1.
+    """AWDP-FL per-layer weights (R): w_k ∝ EMA of layer k's norm, scaled so Σ_k w_k² = 1.
 
     Thresholds C_k = C·w_k then keep the total sensitivity at C. An all-zero EMA gives uniform 1/√K.
     """

@@ -1,8 +1,8 @@
-"""Constraint-aware robust aggregation (CRA, SPEC §3): the server-side maths, framework-free.
+"""Constraint-aware robust aggregation (CRA, docs/methods.md): the server-side maths, framework-free.
 
 Everything here is a pure function of float64 numpy arrays. Parts that the withdrawn paper lost and
-SPEC reconstructs are marked (R); their defaults are the SPEC defaults, and callers expose them as
-config options.
+this project reconstructs are marked (R); docs/methods.md gives each one and its default, and callers
+expose them as config options.
 
 Privacy: CRA only post-processes what clients upload. The update deltas are DP outputs (free), but the
 validation macro-F1 ``q_i`` is computed from private validation data outside DP-SGD and is *not* covered
@@ -113,7 +113,7 @@ def ema(prev: np.ndarray | None, value: np.ndarray, beta: float) -> np.ndarray:
 
 @dataclass(frozen=True)
 class CRAResult:
-    """Every per-client quantity of one CRA round (SPEC §3 logs all of them), each of shape (N,)."""
+    """Every per-client quantity of one CRA round (all of them are logged), each of shape (N,)."""
 
     val_f1_ema: np.ndarray
     update_norm_ema: np.ndarray
@@ -128,7 +128,7 @@ def cra_weights(deltas: np.ndarray, val_f1: np.ndarray, update_norm: np.ndarray,
                 val_f1_ema_prev: np.ndarray | None, update_norm_ema_prev: np.ndarray | None, *,
                 beta: float = 0.9, rho: float = 1.5, eta_p: float = 0.05, weight_by_samples: bool = True,
                 eps0: float = 1e-8) -> CRAResult:
-    """CRA aggregation weights p̃ (SPEC §3, steps 1–7).
+    """CRA aggregation weights p̃ (docs/methods.md, steps 1–7).
 
     1. q̃_i ← β q̃_i + (1−β) q_i and s̃_i ← β s̃_i + (1−β) s_i, initialised at the first value; β = 0.9 (R).
     2. r_i = q̃_i / (s̃_i + ε₀).
@@ -138,7 +138,7 @@ def cra_weights(deltas: np.ndarray, val_f1: np.ndarray, update_norm: np.ndarray,
     6. P = {p in the simplex : p_i ≤ ρ α_i}, ρ = 1.5 (R).
     7. p̃ = Π_P(α − η_p d̂), η_p = 0.05 (R).
 
-    Edge case (not in SPEC): if every r_i is 0 (e.g. all q_i = 0), α falls back to the FedAvg weights
+    Edge case (not in the paper): if every r_i is 0 (e.g. all q_i = 0), α falls back to the FedAvg weights
     n_i / Σ n_j (or uniform 1/N when ``weight_by_samples`` is False), so the result never contains NaN.
 
     Args:

@@ -1,4 +1,4 @@
-"""FedACG (Kim et al., CVPR 2024): accelerated client gradient via a broadcast look-ahead (SPEC §4).
+"""FedACG (Kim et al., CVPR 2024): accelerated client gradient via a broadcast look-ahead (docs/methods.md).
 
 Server, round t: broadcast w̃ = w + λ·m^(t−1); clients start from w̃ and minimise
 f_i(w) + (β/2)‖w − w̃‖² with local (DP-)SGD; with Δ_i = w_i − w̃ the server sets
@@ -12,6 +12,7 @@ on the uploaded DP outputs, so both are post-processing.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -21,6 +22,7 @@ from raysim.algorithms.base import Aggregate, MethodContext, MethodSpec, Server
 from raysim.algorithms.fedprox import ProximalHooks
 from raysim.algorithms.flat import sum64
 from raysim.algorithms.registry import register
+from raysim.config import Config, fail
 from raysim.algorithms.server_math import fedacg_lookahead, fedacg_server_update
 from raysim.messages import ClientResult, RoundPayload
 
@@ -54,7 +56,21 @@ class FedACGServer(Server):
         return Aggregate(torch.from_numpy(new_w).to(global_weights.dtype), logs, {})
 
 
+@dataclass(frozen=True)
+class FedACGParams:
+    """``fedacg.*``."""
+
+    lam: float = 0.85
+    beta: float = 0.001
+
+    def check(self, cfg: Config) -> None:
+        if not 0 <= self.lam < 1:
+            fail("fedacg.lam", f"must be in [0, 1), got {self.lam}")
+        if not self.beta >= 0:
+            fail("fedacg.beta", f"must be >= 0, got {self.beta}")
+
+
 FEDACG = register(MethodSpec(
     name="fedacg", summary="FedACG: server momentum broadcast as a look-ahead, proximal local objective, DP-SGD",
     source="Kim et al., Communication-Efficient Federated Learning with Accelerated Client Gradient, CVPR 2024",
-    server=FedACGServer, client=FedACGHooks, private=True))
+    server=FedACGServer, client=FedACGHooks, private=True, params={"fedacg": FedACGParams}))

@@ -1,4 +1,4 @@
-"""FedAvg (McMahan et al., 2017) and FedSA, the fixed-clip DP-FedAvg baseline (SPEC §4).
+"""FedAvg (McMahan et al., 2017) and FedSA, the fixed-clip DP-FedAvg baseline (docs/methods.md).
 
 Both are the base server and client: FedAvg weights n_i/Σn_j, local SGD from the global
 model. FedSA runs local DP-SGD with a fixed clip norm (``privacy.clip_norm``).

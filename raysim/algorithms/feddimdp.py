@@ -1,4 +1,4 @@
-"""FedDimDP (SPEC §3): LLDM client model + ADPC adaptive clipping + CRA robust aggregation.
+"""FedDimDP (docs/methods.md): LLDM client model + ADPC adaptive clipping + CRA robust aggregation.
 
 The three components are switches of the one method, ``feddimdp.lldm``, ``feddimdp.adpc`` and
 ``feddimdp.cra`` (all true by default); with all three off the method is FedSA (DP-SGD at a fixed C,
@@ -21,7 +21,8 @@ FedAvg weights), bit for bit. The paper's ablation names are presets of the swit
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -34,9 +35,114 @@ from raysim.algorithms.clip_rules import (
 from raysim.algorithms.cra_math import cra_weights
 from raysim.algorithms.registry import register
 from raysim.algorithms.uploads import Release, Upload, UploadContext
-from raysim.config import Config, ConfigError
+from raysim.config import Config, ConfigError, check_choice, fail
 from raysim.metrics import evaluate
 from raysim.messages import ClientResult
+
+
+# --------------------------------------------------------------------------- parameters (config sections)
+
+@dataclass(frozen=True)
+class FedDimDPParams:
+    """``feddimdp.*``: the three components as switches (all off = FedSA). Unset (null) means on, or the
+    value of the method's preset (``feddimdp-no-adpc`` sets ``adpc`` to false)."""
+
+    lldm: bool | None = None
+    adpc: bool | None = None
+    cra: bool | None = None
+
+    def on(self, component: str) -> bool:
+        value = getattr(self, component)
+        return True if value is None else bool(value)
+
+
+@dataclass(frozen=True)
+class LLDMParams:
+    """``lldm.*``: the client model's channel reduction and gradient sparsifier."""
+
+    reduction: float = 0.5             # (R) 1x1 conv channel ratio r
+    keep_fraction: float = 0.5         # (R) top-k fraction κ of gradient entries kept
+
+    def check(self, cfg: Config) -> None:
+        for key in ("reduction", "keep_fraction"):
+            if not 0 < getattr(self, key) <= 1:
+                fail(f"lldm.{key}", f"must be in (0, 1], got {getattr(self, key)}")
+
+
+ADPC_STATISTICS = ("example_norm_median", "update_norm", "update_norm_per_step", "update_norm_denoised")
+ADPC_READS = ("per_client", "pooled")
+ADPC_STEPS = ("coupled", "normalized")
+
+
+@dataclass(frozen=True)
+class ADPCParams:
+    """``adpc.*``: adaptive clipping."""
+
+    c0: float = 1.0                    # (R) C^(0)
+    c_min: float = 0.1                 # (R) floor
+    smoothing: float = 1.0             # (R) γ, 1 = no smoothing
+    statistic: str = "example_norm_median"  # (R) S^(t): one of ADPC_STATISTICS
+    quantile: float = 0.5              # (R) quantile of each client's per-example norms (0.5: the paper's "median")
+    histogram_bins: int = 48           # (R) log-spaced bins on [histogram_min, histogram_max], plus under/overflow
+    histogram_min: float = 1e-3
+    histogram_max: float = 1e3
+    histogram_noise_multiplier: float = 25.0  # (R) σ_h of the per-round histogram release (sensitivity 1); docs/methods.md
+    read: str = "per_client"           # (R) per_client (each histogram's quantile, then their median) | pooled (quantile of the summed histograms)
+    step: str = "coupled"              # (R) coupled (local lr fixed) | normalized (local lr scaled by C^(0)/C^(t))
+
+    def check(self, cfg: Config) -> None:
+        check_choice("adpc.statistic", self.statistic, ADPC_STATISTICS)
+        if not 0 < self.quantile < 1:
+            fail("adpc.quantile", f"must be in (0, 1), got {self.quantile}")
+        if self.histogram_bins < 1:
+            fail("adpc.histogram_bins", f"must be >= 1, got {self.histogram_bins}")
+        if not 0 < self.histogram_min < self.histogram_max:
+            fail("adpc.histogram_min", f"need 0 < adpc.histogram_min < adpc.histogram_max, got "
+                                       f"{self.histogram_min}, {self.histogram_max}")
+        if not self.histogram_noise_multiplier > 0:
+            fail("adpc.histogram_noise_multiplier", f"must be > 0 (the histogram is a private release), "
+                                                    f"got {self.histogram_noise_multiplier}")
+        check_choice("adpc.read", self.read, ADPC_READS)
+        if self.read == "pooled" and self.statistic != "example_norm_median":
+            fail("adpc.read", f"pooled sums the clients' norm histograms, which only adpc.statistic=example_norm_median "
+                              f"uploads; got adpc.statistic={self.statistic}")
+        check_choice("adpc.step", self.step, ADPC_STEPS)
+        if not 0 < self.smoothing <= 1:
+            fail("adpc.smoothing", f"must be in (0, 1], got {self.smoothing}")
+        if not 0 < self.c_min <= self.c0:
+            fail("adpc.c_min", f"must be in (0, adpc.c0], got {self.c_min}")
+
+
+@dataclass(frozen=True)
+class CRAParams:
+    """``cra.*``: constraint-aware robust aggregation."""
+
+    beta: float = 0.9                  # (R) EMA factor
+    rho: float = 1.5                   # (R) ambiguity-set cap p_i <= ρ α_i
+    eta_p: float = 0.05                # (R) projected step size
+    weight_by_samples: bool = True     # (R) α_i ∝ n_i r_i (False: ∝ r_i)
+    eta_g: float = 1.0                 # global step
+    utility: str = "local_val_f1"      # (R) q_i: local_val_f1 (client's own val split) | server_val_f1 (public hold-out)
+    private_val_f1: bool = False       # noise q_i and account it in the same ledger
+    val_f1_noise_multiplier: float = 20.0  # σ of the q_i release: noise std = σ · sensitivity
+    val_f1_sensitivity: float = 1.0    # macro-F1 ∈ [0, 1]; 1 is the safe worst-case bound
+
+    def check(self, cfg: Config) -> None:
+        check_choice("cra.utility", self.utility, ("local_val_f1", "server_val_f1"))
+        if self.utility == "server_val_f1" and cfg.data.server_holdout == 0:
+            fail("data.server_holdout", "cra.utility=server_val_f1 scores uploads on the public server hold-out; "
+                                        "set data.server_holdout > 0 (e.g. 500) or leave it unset")
+        if not 0 <= self.beta < 1:
+            fail("cra.beta", f"must be in [0, 1), got {self.beta}")
+        if not self.rho >= 1:
+            fail("cra.rho", f"must be >= 1 (else the ambiguity set can be empty), got {self.rho}")
+
+    def holdout_default(self) -> int:
+        """Images of the public server hold-out when ``data.server_holdout`` is unset."""
+        return 500 if self.utility == "server_val_f1" else 0
+
+
+PARAMS = {"feddimdp": FedDimDPParams, "lldm": LLDMParams, "adpc": ADPCParams, "cra": CRAParams}
 
 
 def adpc_edges(cfg: Config) -> np.ndarray:
@@ -196,11 +302,29 @@ class FedDimDPServer(Server):
         return Aggregate(new_weights, logs, round_logs)
 
 
-_SOURCE = "FedDimDP, arXiv 2602.06838 (withdrawn); reconstructed per SPEC §3"
+#: What FedDimDP logs per client besides the generic columns (ADPC's statistics, CRA's quantities).
+CLIENT_COLUMNS = (
+    ("update_norm_per_step", "float64"), ("update_norm_denoised", "float64"),
+    ("example_norm_median", "float64"),        # ADPC: the quantile the server reads from the noised histogram
+    ("example_norm_median_true", "float64"),   # the true quantile: a simulation diagnostic, never uploaded
+    ("val_f1", "float64"), ("val_f1_ema", "float64"), ("update_norm_ema", "float64"), ("reliability", "float64"),
+    ("nominal_weight", "float64"), ("deviation", "float64"), ("deviation_normalized", "float64"),
+    ("robust_weight", "float64"),
+)
+
+_SOURCE = "FedDimDP, arXiv 2602.06838 (withdrawn); reconstructed (docs/methods.md)"
 
 
-def _uses_lldm(cfg: Config) -> bool:
-    return cfg.feddimdp.on("lldm")
+def _model_options(cfg: Config) -> dict[str, Any]:
+    """LLDM's block in the client model (``raysim.models.build_backbone``), when the switch is on."""
+    if not cfg.feddimdp.on("lldm"):
+        return {}
+    return {"lldm": True, "lldm_reduction": cfg.lldm.reduction, "lldm_keep_fraction": cfg.lldm.keep_fraction}
+
+
+def _uses_section(cfg: Config, name: str) -> bool:
+    """``feddimdp.*`` always; ``lldm``, ``adpc`` and ``cra`` only with their component switched on."""
+    return name == "feddimdp" or cfg.feddimdp.on(name)
 
 
 def _uses_adpc(cfg: Config) -> bool:
@@ -208,9 +332,11 @@ def _uses_adpc(cfg: Config) -> bool:
 
 
 def _feddimdp(name: str, summary: str, preset: dict[str, bool]) -> MethodSpec:
-    return register(MethodSpec(name, summary, _SOURCE, FedDimDPServer, lldm=_uses_lldm, uploads=feddimdp_uploads,
-                               validate=feddimdp_validate, preset=preset, preset_of="feddimdp" if preset else None,
-                               adaptive_clip=_uses_adpc))
+    return register(MethodSpec(name, summary, _SOURCE, FedDimDPServer, model_options=_model_options,
+                               uploads=feddimdp_uploads, validate=feddimdp_validate, preset=preset,
+                               preset_of="feddimdp" if preset else None, adaptive_clip=_uses_adpc, params=PARAMS,
+                               uses_section=_uses_section,
+                               client_columns=CLIENT_COLUMNS, round_columns=(("next_clip_norm", "float64"),)))
 
 
 _feddimdp("feddimdp", "FedDimDP: LLDM + ADPC adaptive clipping + CRA robust aggregation (switches feddimdp.*)", {})

@@ -7,11 +7,14 @@ DP variant costs exactly what FedSA's local DP-SGD costs. Non-private by default
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from raysim.algorithms.base import ClientHooks, MethodSpec, Server
 from raysim.algorithms.flat import split_like
 from raysim.algorithms.registry import register
+from raysim.config import Config, fail
 
 
 class ProximalHooks(ClientHooks):
@@ -31,7 +34,18 @@ class ProximalHooks(ClientHooks):
         return [mu * (p.detach() - c) for p, c in zip(params, self._centre)]
 
 
+@dataclass(frozen=True)
+class FedProxParams:
+    """``fedprox.*``."""
+
+    mu: float = 0.01
+
+    def check(self, cfg: Config) -> None:
+        if not self.mu >= 0:
+            fail("fedprox.mu", f"must be >= 0, got {self.mu}")
+
+
 FEDPROX = register(MethodSpec(
     name="fedprox", summary="FedProx: local proximal term (fedprox.mu/2)‖w − w_g‖², FedAvg aggregation",
     source="Li et al., Federated Optimization in Heterogeneous Networks, MLSys 2020",
-    server=Server, client=ProximalHooks, private=False))
+    server=Server, client=ProximalHooks, private=False, params={"fedprox": FedProxParams}))

@@ -25,6 +25,7 @@ Which norms b_i tracks is ``quantile.norm_source`` (R):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -34,9 +35,27 @@ from raysim.algorithms.base import Aggregate, MethodContext, MethodSpec, Server
 from raysim.algorithms.registry import register
 from raysim.algorithms.server_math import noised_fraction_below, quantile_clip_update, update_norm_per_step
 from raysim.algorithms.uploads import Release, Upload, UploadContext
-from raysim.config import Config
+from raysim.config import Config, check_choice, fail
 from raysim.rng import np_generator
 from raysim.messages import ClientResult
+
+
+@dataclass(frozen=True)
+class QuantileParams:
+    """``quantile.*``."""
+
+    eta_c: float = 0.2
+    target_quantile: float = 0.5
+    noise_multiplier: float = 0.0      # σ_b of the clipped-count release (0: not private)
+    norm_source: str = "per_example"   # (R) per_example (fraction of unclipped examples) | update (‖Δw‖ per step)
+
+    def check(self, cfg: Config) -> None:
+        for key in ("eta_c", "noise_multiplier"):
+            if not getattr(self, key) >= 0:
+                fail(f"quantile.{key}", f"must be >= 0, got {getattr(self, key)}")
+        if not 0 <= self.target_quantile <= 1:
+            fail("quantile.target_quantile", f"must be in [0, 1], got {self.target_quantile}")
+        check_choice("quantile.norm_source", self.norm_source, ("per_example", "update"))
 
 
 def _unclipped_fraction(ctx: UploadContext) -> float:
@@ -85,4 +104,6 @@ DP_FEDAVG_ADAPTIVE = register(MethodSpec(
     name="dp-fedavg-adaptive",
     summary="DP-FedAvg, adaptive clip C ← C·exp(−η_c(b̄ − γ)) towards a noised quantile (quantile.*)",
     source="Andrew et al., Differentially Private Learning with Adaptive Clipping, NeurIPS 2021",
-    server=QuantileClipServer, private=True, uploads=quantile_uploads, adaptive_clip=lambda cfg: True))
+    server=QuantileClipServer, private=True, uploads=quantile_uploads, adaptive_clip=lambda cfg: True,
+    params={"quantile": QuantileParams},
+    round_columns=(("next_clip_norm", "float64"), ("clipped_fraction_noisy", "float64"))))

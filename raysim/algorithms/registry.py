@@ -1,31 +1,61 @@
-"""Name → method registry (refuses duplicates, like Opacus' accountant registry)."""
+"""Name → method registry (refuses duplicates, like Opacus' accountant registry).
+
+Registering a :class:`~raysim.algorithms.base.MethodSpec` registers its config sections (``params``)
+with the config parser; the results schema reads the columns each registered method declares.
+The built-in methods are found by discovery: every module of the ``raysim.algorithms`` package is
+imported once, the first time the registry is asked, and each registers itself. A method defined
+anywhere else registers itself when its module is imported.
+
+This module imports neither torch nor the method modules at import time; ``raysim/__init__.py``
+installs :func:`load_methods` as the config parser's section loader.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+import pkgutil
+from typing import TYPE_CHECKING, Any
 
-from raysim.algorithms.base import MethodSpec
-from raysim.config import Config, ConfigError, config_from_dict, config_to_dict
+from raysim.config import (Config, ConfigError, add_section_loader, config_from_dict, config_to_dict,
+                           register_section, set_preset_resolver, set_section_use, unregister_section)
 
-_METHODS: dict[str, MethodSpec] = {}
+if TYPE_CHECKING:
+    from raysim.algorithms.base import MethodSpec
+
+_METHODS: dict[str, "MethodSpec"] = {}
+_LOADED = False
 
 
-def register(spec: MethodSpec) -> MethodSpec:
+def register(spec: "MethodSpec") -> "MethodSpec":
+    """Register ``spec`` and its config sections; returns it."""
     if spec.name in _METHODS:
         raise ValueError(f"method {spec.name!r} is already registered")
+    for name, cls in spec.params.items():
+        register_section(name, cls)
     _METHODS[spec.name] = spec
     return spec
 
 
-def get_method(name: str) -> MethodSpec:
-    _load_builtin()
+def unregister(name: str) -> None:
+    """Remove a method, and its sections when no other registered method declares them (tests)."""
+    spec = _METHODS.pop(name, None)
+    if spec is None:
+        return
+    still = {s for other in _METHODS.values() for s in other.params}
+    for section in spec.params:
+        if section not in still:
+            unregister_section(section)
+
+
+def get_method(name: str) -> "MethodSpec":
+    load_methods()
     if name not in _METHODS:
         raise ValueError(f"unknown method {name!r}; registered methods: {', '.join(sorted(_METHODS))}")
     return _METHODS[name]
 
 
-def all_methods() -> list[MethodSpec]:
-    _load_builtin()
+def all_methods() -> list["MethodSpec"]:
+    load_methods()
     return [_METHODS[n] for n in sorted(_METHODS)]
 
 
@@ -55,6 +85,35 @@ def resolve_preset(cfg: Config) -> Config:
     return config_from_dict(values)
 
 
-def _load_builtin() -> None:
-    # Importing the method modules registers them; done lazily so importing the registry is cheap.
-    from raysim.algorithms import builtin  # noqa: F401
+def load_methods() -> None:
+    """Import every module of the ``raysim.algorithms`` package once (each method module registers
+    itself); lazily, so that importing the registry or the config stays cheap."""
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True
+    package = importlib.import_module("raysim.algorithms")
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        importlib.import_module(f"raysim.algorithms.{info.name}")
+
+
+def section_in_use(cfg: Config, name: str) -> bool:
+    """Whether the run ``cfg`` uses the method section ``name``: its method (presets resolved) owns the
+    section and, for a switchable component, has it on (``MethodSpec.uses_section``). A config that names
+    no single registered method (a list, an unknown name) counts every section."""
+    load_methods()
+    if not isinstance(cfg.method, str) or cfg.method not in _METHODS:
+        return True
+    spec = _METHODS[cfg.method]
+    return name in spec.params and spec.uses_section(resolve_preset(cfg), name)
+
+
+def _resolved(cfg: Config) -> Config:
+    """``cfg`` with its presets resolved; a config that names no single registered method as it is."""
+    load_methods()
+    return resolve_preset(cfg) if isinstance(cfg.method, str) and cfg.method in _METHODS else cfg
+
+
+add_section_loader(load_methods)
+set_section_use(section_in_use)
+set_preset_resolver(_resolved)

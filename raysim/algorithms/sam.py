@@ -1,4 +1,4 @@
-"""DP-FedSAM (Shi et al., CVPR 2023): local sharpness-aware minimisation under DP-SGD (SPEC §4).
+"""DP-FedSAM (Shi et al., CVPR 2023): local sharpness-aware minimisation under DP-SGD (docs/methods.md).
 
 Each local step takes the privatised gradient at the perturbed point ŵ = w + ρ·g/‖g‖ and steps
 from w (``sam.rho`` = 0.05 (R) for this CNN). ``sam.mode`` (R) chooses where g comes from:
@@ -16,13 +16,14 @@ FedAvg aggregation; same clipping, accountant and calibrated σ as every DP meth
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 from raysim.algorithms.base import ClientHooks, MethodSpec, Server
 from raysim.algorithms.registry import register
-from raysim.config import Config
+from raysim.config import Config, check_choice, fail
 from raysim.messages import ClientTask, RoundPayload
 
 
@@ -87,7 +88,20 @@ class SAMBothHooks(SAMHooks):
         return dataclasses.replace(second, loss_mean=first.loss_mean)
 
 
+@dataclass(frozen=True)
+class SAMParams:
+    """``sam.*``."""
+
+    rho: float = 0.05                  # (R) perturbation radius for this CNN
+    mode: str = "previous"             # (R) previous (1 release/step) | both (2 releases/step)
+
+    def check(self, cfg: Config) -> None:
+        check_choice("sam.mode", self.mode, ("previous", "both"))
+        if not self.rho >= 0:
+            fail("sam.rho", f"must be >= 0, got {self.rho}")
+
+
 DP_FEDSAM = register(MethodSpec(
     name="dp-fedsam", summary="DP-FedSAM: local SAM (sam.rho, sam.mode) inside DP-SGD, FedAvg aggregation",
     source="Shi et al., Make Landscape Flatter in Differentially Private Federated Learning, CVPR 2023",
-    server=Server, client=SAMHooks, private=True))
+    server=Server, client=SAMHooks, private=True, params={"sam": SAMParams}))

@@ -76,7 +76,7 @@ def scaffold_control_update(c_i: np.ndarray, c: np.ndarray, global_w: np.ndarray
 
 
 def decaying_sigma_schedule(num_rounds: int, gamma: float) -> np.ndarray:
-    """DP-ACDN relative noise multipliers [γ^t for t = 0..T−1] (SPEC §4, R); σ_t = σ_0·γ^t.
+    """DP-ACDN relative noise multipliers [γ^t for t = 0..T−1] (R, docs/methods.md); σ_t = σ_0·γ^t.
 
     σ_0 is calibrated elsewhere (through the accountant) so that the whole run ends at the target ε.
     """

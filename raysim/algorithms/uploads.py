@@ -7,7 +7,7 @@ ones into each client's ledger and into σ calibration (``raysim.privacy.plan``)
 ``not_covered_by_epsilon`` lists the unprotected ones, and the method contract test checks that every
 declared column exists in the results schema.
 
-Release kinds (record-level DP of one client's local data, SPEC §2):
+Release kinds (record-level DP of one client's local data, docs/privacy.md):
 
 * ``gaussian``: the client adds N(0, σ²·Δ²) itself, before upload, from its own keyed random stream
   (the server is honest but curious), to a value of L2 sensitivity Δ under add/remove of one example.

@@ -149,7 +149,7 @@ def partition(labels: np.ndarray, num_clients: int, scheme: str, rng: np.random.
       proportions ~ Dir(alpha · 1) over clients cut that class's shuffled indices (all samples used).
       The whole draw is repeated, up to ``max_retries`` times from the same generator, until every
       client has ``min_samples_per_client`` samples. Small alpha concentrates each client on few classes.
-    - ``shards`` (reconstructed for SVHN's "grouped by class and unevenly distributed", SPEC §1):
+    - ``shards`` (reconstructed for SVHN's "grouped by class and unevenly distributed"):
       (1) classes are dealt to clients from a cycling deck of shuffled class lists, ``shards_per_client``
       distinct classes each, so every class is held about equally often; (2) client sizes are drawn as
       log-normal(0, ``shard_size_sigma``) weights normalised to sum to the number of samples; (3) each

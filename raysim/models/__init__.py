@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from torch import nn
 
@@ -27,8 +27,7 @@ def build_backbone(name: str, in_channels: int, image_size: int, num_classes: in
                           lldm_keep_fraction=lldm_keep_fraction if lldm else None)
 
 
-def model_for(cfg: Any, info: Any, lldm: bool) -> nn.Module:
-    """The client/global model of a run: ``cfg.model`` for ``info``'s inputs, with FedDimDP's LLDM
-    block when ``lldm`` (reduction and keep fraction from ``cfg.lldm``)."""
-    return build_backbone(cfg.model, info.channels, info.image_size, info.num_classes, lldm=lldm,
-                          lldm_reduction=cfg.lldm.reduction, lldm_keep_fraction=cfg.lldm.keep_fraction)
+def model_for(cfg: Any, info: Any, options: Mapping[str, Any] | None = None) -> nn.Module:
+    """The client/global model of a run: ``cfg.model`` for ``info``'s inputs, built with the method's
+    ``options`` (``MethodSpec.model_options(cfg)``, keyword options of :func:`build_backbone`)."""
+    return build_backbone(cfg.model, info.channels, info.image_size, info.num_classes, **dict(options or {}))

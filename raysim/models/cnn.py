@@ -1,4 +1,4 @@
-"""The paper's backbone (SPEC §1, reconstructed): 2 conv + 2 FC, shaped by the input.
+"""The paper's backbone (reconstructed; docs/methods.md, "Backbones"): 2 conv + 2 FC, shaped by the input.
 
 ``Conv(c→32, 5x5, pad 2) → ReLU → MaxPool2 → Conv(32→64, 5x5, pad 2) → ReLU → MaxPool2
 → [LLDM: 1x1 conv 64→⌈r·64⌉ (no bias) → ReLU → top-k gradient sparsifier] → flatten

@@ -1,4 +1,4 @@
-"""LLDM gradient sparsification (SPEC §3, reconstructed).
+"""LLDM gradient sparsification (reconstructed; docs/methods.md, "FedDimDP").
 
 Identity in the forward pass; in the backward pass the gradient reaching the reduced feature
 map F̃ is sparsified per example, keeping the ⌈κ·d⌉ entries of largest magnitude (d = the

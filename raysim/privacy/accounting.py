@@ -3,7 +3,7 @@
 All privacy maths is delegated to ``dp_accounting`` (Google): this module only describes events,
 chooses the accountant and its numerical settings, and searches for a noise multiplier.
 
-Privacy model (SPEC §2). Record-level DP under the add/remove-one neighbouring relation, accounted
+Privacy model (docs/privacy.md). Record-level DP under the add/remove-one neighbouring relation, accounted
 per client. One DP-SGD step is the Poisson-subsampled Gaussian mechanism: each example of the client is
 in the batch independently with probability ``q``, per-example gradients are clipped to norm ``C``
 (the caller's job) and Gaussian noise of standard deviation ``sigma * C`` is added to their sum. A

@@ -1,4 +1,4 @@
-"""The three clipping modes of SPEC §2 (`privacy.clipping`), as one function: ``privatize``.
+"""The three clipping modes of docs/privacy.md (`privacy.clipping`), as one function: ``privatize``.
 
 Privacy model shared by all modes: record-level DP for one client's local data set (the unit is
 one training example), neighbouring data sets differ by adding or removing one example, and
@@ -43,7 +43,7 @@ class PrivateGrad:
     Only ``grads`` is a DP output. ``loss_mean``, ``batch_size``, ``num_clipped``,
     ``frac_clipped`` and ``per_example_norms`` are computed from raw private data and are not
     covered by the accountant: log them locally, and a method that uploads them or sets
-    thresholds from them opens a side channel that must be reported (SPEC §2).
+    thresholds from them opens a side channel that must be reported (docs/privacy.md).
     """
 
     grads: list[torch.Tensor]

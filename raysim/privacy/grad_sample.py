@@ -185,9 +185,14 @@ def _channels_last(x: torch.Tensor) -> torch.Tensor:
 
 @register_engine("bk")
 class BookKeepingEngine:
-    """One forward and one output-gradient backward pass; Conv2d (groups=1), Linear, GroupNorm."""
+    """One forward and one output-gradient backward pass; Conv2d (groups=1), Linear, GroupNorm.
+
+    ``on_phase``, when set, is called with a phase name as each phase of :meth:`clipped_sum` ends
+    (``forward``, ``backward``, ``norms <layer>``, ``clip factors``, ``clipped sum <layer>``): the
+    profiling hook of ``experiments/bench/dp_step.py --profile``. Unset in runs."""
 
     name: str
+    on_phase: Callable[[str], None] | None = None
 
     def clipped_sum(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                     clip_norm: float | Sequence[float], *, per_layer: bool = False,
@@ -228,6 +233,9 @@ class BookKeepingEngine:
             for h in handles:
                 h.remove()
         loss_sum = F.cross_entropy(logits, y, reduction="sum")
+        lap = self.on_phase
+        if lap is not None:
+            lap("forward")
 
         outputs = [output for recs in records.values() for (_, output, _) in recs]
         for layer in layers:
@@ -240,6 +248,8 @@ class BookKeepingEngine:
         if needs_grad:
             got = torch.autograd.grad(loss_sum, needs_grad, allow_unused=True)
             out_grads.update({id(o): gr for o, gr in zip(needs_grad, got)})
+        if lap is not None:
+            lap("backward")
 
         batch = x.shape[0]
         params = list(model.parameters())
@@ -250,10 +260,14 @@ class BookKeepingEngine:
                 pairs = [(a, out_grads[id(output)]) for a, output, _ in records[id(layer)]
                          if out_grads[id(output)] is not None]
                 stats.append(LayerStats(layer, pairs, batch, dtype, device))
+                if lap is not None:
+                    lap(f"norms {names.get(id(layer))}")
             per_layer_norms = torch.stack([s.sq_norm for s in stats], dim=1).clamp(min=0).sqrt()
             factors, num_clipped = clip_factors(per_layer_norms, clip_norm, per_layer)
             if scale != 1.0:
                 factors = factors * scale
+            if lap is not None:
+                lap("clip factors")
 
             index = {id(p): j for j, p in enumerate(params)}
             grads: list[torch.Tensor | None] = [None] * len(params)
@@ -264,6 +278,8 @@ class BookKeepingEngine:
                     j = index[id(getattr(s.layer, pname))]
                     if grads[j] is None:
                         grads[j] = value
+                if lap is not None:
+                    lap(f"clipped sum {names.get(id(s.layer))}")
             grads = [gr.detach() if gr is not None else torch.zeros_like(p) if out is None else out[j]
                      for j, (p, gr) in enumerate(zip(params, grads))]
         return ClippedGrads(grads=grads, per_example_norms=per_layer_norms.pow(2).sum(1).sqrt(),

@@ -1,6 +1,6 @@
 """The privacy plan of a run: clipping mode, per-client σ, and what each round costs.
 
-Privacy model (SPEC §2): record-level DP per client (add/remove one example of one client),
+Privacy model (docs/privacy.md): record-level DP per client (add/remove one example of one client),
 honest-but-curious server, each client accounted separately. Per round, client i makes
 τ_i = E·⌈n_i/B⌉ Poisson-subsampled Gaussian releases with q_i = B/n_i, plus whatever side
 channels the method adds (e.g. a noised validation F1). With ``privacy.epsilon`` given, σ_i is
@@ -8,6 +8,9 @@ calibrated for the whole planned run (every round client i takes part in, every 
 at ε without exceeding it. Under partial participation (``clients_per_round``) the participation
 schedule is public and drawn up front, so each client is planned for exactly its own rounds
 (:class:`ParticipationPlan`), lazily, the first time it trains.
+
+Every function here takes the run's config with its method's presets already resolved
+(``raysim.algorithms.registry.resolve_preset``, done once when the run is prepared).
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from typing import Sequence
 import numpy as np
 
 from raysim.algorithms.base import MethodSpec
-from raysim.algorithms.registry import resolve_preset
 from raysim.algorithms.uploads import gaussian_uploads, not_covered_text
 from raysim.config import Config, ConfigError
 from raysim.privacy.accounting import gaussian_equivalent, StepEvent, calibrate_noise_multiplier, compute_epsilon
@@ -45,7 +47,7 @@ def resolve_clipping(spec: MethodSpec, cfg: Config) -> str:
     if not dp_requested:
         raise ConfigError(f"method {spec.name!r} with privacy.clipping={mode} needs privacy.epsilon (target ε) "
                           f"or privacy.noise_multiplier (σ)")
-    spec.validate(resolve_preset(cfg), mode)
+    spec.validate(cfg, mode)
     return mode
 
 
@@ -67,12 +69,12 @@ class SideChannel:
 def side_channels(spec: MethodSpec, cfg: Config) -> list[SideChannel]:
     """The Gaussian releases the method declares for its clients (``MethodSpec.uploads``)."""
     return [SideChannel(u.name, u.release.noise_multiplier, u.release.per_round)
-            for u in gaussian_uploads(spec.uploads(resolve_preset(cfg)))]
+            for u in gaussian_uploads(spec.uploads(cfg))]
 
 
 def not_covered(spec: MethodSpec, cfg: Config, clipping: str) -> str:
     """Human-readable list of values computed from private data that ε does not cover."""
-    return not_covered_text(spec.uploads(resolve_preset(cfg)), clipping)
+    return not_covered_text(spec.uploads(cfg), clipping)
 
 
 def channels_event(channels: Sequence[SideChannel], rounds: int) -> StepEvent | None:

@@ -1,17 +1,21 @@
-"""The runs-table row of a run as it starts (also what a sweep records for a run that died early)."""
+"""Rows of the results tables: the runs row of a run as it starts (also what a sweep records for a run
+that died early), and the rounds and clients rows of a finished round."""
 
 from __future__ import annotations
 
 import json
+import math
 import socket
 import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
+
+import numpy as np
 
 from raysim.config import Config, config_to_dict, run_id_for
 
-__all__ = ["run_row", "code_version", "now"]
+__all__ = ["run_row", "round_row", "client_rows", "code_version", "now"]
 
 
 def code_version() -> str:
@@ -43,3 +47,31 @@ def run_row(cfg: Config, sweep_id: str | None, status: str) -> dict[str, Any]:
     }
 
 
+
+
+def round_row(server_round: int, participants: int, test: Any, val: Any, clip_norm: float, epsilon: float,
+              results: Sequence[Any], timings: Mapping[str, float], logs: Mapping[str, Any]) -> dict[str, Any]:
+    """The rounds-table row of one round: its evaluation (``test``, and ``val`` on the public hold-out or
+    None), the clip norm it trained with, the run's ε so far, the timings and the method's round logs."""
+    return {
+        "round": server_round, "participants": participants, "test_accuracy": test.accuracy, "test_f1": test.f1,
+        "test_loss": test.loss, "val_accuracy": val.accuracy if val else math.nan,
+        "val_f1": val.f1 if val else math.nan, "clip_norm": clip_norm, "epsilon": epsilon,
+        "mean_train_loss": float(np.mean([r.train_loss for r in results])) if results else math.nan,
+        **timings, **logs,
+    }
+
+
+def client_rows(server_round: int, results: Sequence[Any], tasks: Sequence[Any], logs: Sequence[Mapping[str, Any]],
+                clip_norm: float, epsilons: np.ndarray) -> list[dict[str, Any]]:
+    """The clients-table rows of one round: each participant's result, its task's σ, its ε so far, its
+    diagnostics and the method's client logs."""
+    rows = []
+    for r, task, extra in zip(results, tasks, logs):
+        row = {"round": server_round, "client_id": r.client_id, "num_samples": r.num_samples, "num_steps": r.num_steps,
+               "train_loss": r.train_loss, "update_norm": float(r.delta.norm()), "frac_clipped": r.frac_clipped,
+               "clip_norm": clip_norm, "noise_multiplier": task.noise_multiplier,
+               "epsilon": float(epsilons[r.client_id]), "client_seconds": r.seconds, **r.diagnostics}
+        row.update(extra)
+        rows.append(row)
+    return rows

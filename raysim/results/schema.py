@@ -1,11 +1,16 @@
-"""Fixed schemas of the result tables (SPEC §5).
+"""Schemas of the result tables (docs/architecture.md, "Results").
 
-Every file of a table has the full schema, with nulls where a method does not log a column,
-so a results folder mixing methods reads as one table and no column is dropped by schema
-inference. A row with an unknown column is an error, not silently dropped.
+The runs, partitions and tuning tables are fixed. The rounds and clients tables are the generic
+columns below plus the columns every registered method declares it logs
+(``MethodSpec.round_columns`` / ``client_columns``). Every file of a table has the full schema, with
+nulls where a method does not log a column, so a results folder mixing methods reads as one table
+and no column is dropped by schema inference. A row with an unknown column is an error, not
+silently dropped.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
 
 import pyarrow as pa
 
@@ -27,25 +32,21 @@ RUNS = pa.schema([
     ("rdp_epsilons", STR),   # DP runs: JSON list, max over clients of the RDP curve at raysim.privacy.tuning.ORDERS
 ])
 
-ROUNDS = pa.schema([
+#: Generic columns of the rounds table (every method's rounds have them).
+ROUNDS_BASE = pa.schema([
     ("run_id", STR), ("round", I64), ("participants", I64),   # clients that trained in the round
     ("test_accuracy", F64), ("test_f1", F64), ("test_loss", F64),
     ("val_accuracy", F64), ("val_f1", F64),   # the public server hold-out (NaN without one, or between evaluations)
     ("clip_norm", F64), ("epsilon", F64), ("mean_train_loss", F64), ("round_seconds", F64),
     ("client_train_seconds", F64), ("communication_seconds", F64), ("aggregation_seconds", F64),
-    ("accounting_seconds", F64), ("eval_seconds", F64), ("next_clip_norm", F64), ("noise_multiplier_scale", F64),
-    ("clipped_fraction_noisy", F64),
+    ("accounting_seconds", F64), ("eval_seconds", F64),
 ])
 
-CLIENTS = pa.schema([
+#: Generic columns of the clients table.
+CLIENTS_BASE = pa.schema([
     ("run_id", STR), ("round", I64), ("client_id", I64), ("num_samples", I64), ("num_steps", I64),
-    ("train_loss", F64), ("update_norm", F64), ("update_norm_per_step", F64), ("update_norm_denoised", F64),
-    ("example_norm_median", F64),        # ADPC: the quantile the server reads from the client's noised histogram
-    ("example_norm_median_true", F64),   # the true quantile: a simulation diagnostic, never uploaded
-    ("frac_clipped", F64), ("clip_norm", F64), ("noise_multiplier", F64), ("epsilon", F64),
-    ("val_f1", F64), ("val_f1_ema", F64), ("update_norm_ema", F64), ("reliability", F64), ("nominal_weight", F64),
-    ("deviation", F64), ("deviation_normalized", F64), ("robust_weight", F64), ("aggregation_weight", F64),
-    ("layer_clip_norms", STR), ("client_seconds", F64),
+    ("train_loss", F64), ("update_norm", F64), ("frac_clipped", F64), ("clip_norm", F64), ("noise_multiplier", F64),
+    ("epsilon", F64), ("aggregation_weight", F64), ("client_seconds", F64),
 ])
 
 PARTITIONS = pa.schema([
@@ -67,6 +68,54 @@ TUNING = pa.schema([
                                                    # final/fixed: every run (all are reported)
 ])
 
-SCHEMAS: dict[str, pa.Schema] = {"runs": RUNS, "rounds": ROUNDS, "clients": CLIENTS, "partitions": PARTITIONS,
-                                 "tuning": TUNING}
-TABLES = tuple(SCHEMAS)
+_FIXED = {"runs": RUNS, "partitions": PARTITIONS, "tuning": TUNING}
+_BASE = {"rounds": ROUNDS_BASE, "clients": CLIENTS_BASE}
+TABLES = ("runs", "rounds", "clients", "partitions", "tuning")
+
+
+def method_columns(table: str) -> list[tuple[str, str, str]]:
+    """(column, Arrow type name, method) that the registered methods declare for ``table`` (rounds or
+    clients), by method name, each column once."""
+    from raysim.algorithms.registry import all_methods   # the results layer reads the methods' declarations
+
+    out: list[tuple[str, str, str]] = []
+    for spec in all_methods():
+        out.extend((column, type_name, spec.name)
+                   for column, type_name in (spec.round_columns if table == "rounds" else spec.client_columns))
+    return out
+
+
+def table_schema(name: str) -> pa.Schema:
+    """The full schema of table ``name``."""
+    if name in _FIXED:
+        return _FIXED[name]
+    if name not in _BASE:
+        raise KeyError(name)
+    fields = list(_BASE[name])
+    seen = {f.name: (f.type, "raysim") for f in fields}
+    for column, type_name, method in method_columns(name):
+        dtype = pa.type_for_alias(type_name)
+        if column in seen:
+            if seen[column][0] != dtype:
+                raise ValueError(f"{name} column {column!r}: {method} declares {dtype}, {seen[column][1]} "
+                                 f"declares {seen[column][0]}")
+            continue
+        seen[column] = (dtype, method)
+        fields.append(pa.field(column, dtype))
+    return pa.schema(fields)
+
+
+class _Schemas(Mapping[str, pa.Schema]):
+    """Table name -> its schema, built when asked (the registered methods may change)."""
+
+    def __getitem__(self, name: str) -> pa.Schema:
+        return table_schema(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(TABLES)
+
+    def __len__(self) -> int:
+        return len(TABLES)
+
+
+SCHEMAS: Mapping[str, pa.Schema] = _Schemas()

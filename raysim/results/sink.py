@@ -27,7 +27,8 @@ def _table(name: str, rows: Iterable[Mapping[str, Any]]) -> pa.Table:
     rows = list(rows)
     unknown = sorted({k for r in rows for k in r} - set(schema.names))
     if unknown:
-        raise ValueError(f"{name} table has no column(s) {unknown}; add them to raysim/results/schema.py")
+        raise ValueError(f"{name} table has no column(s) {unknown}; a method declares the columns it logs "
+                         f"(MethodSpec.client_columns / round_columns)")
     columns = {f.name: [r.get(f.name) for r in rows] for f in schema}
     return pa.Table.from_pydict(columns, schema=schema)
 

@@ -136,8 +136,8 @@ class RayExecutor:
         """The results of :meth:`submit`, sorted by client id."""
         return sorted((r for batch in ray.get(refs) for r in batch), key=lambda r: r.client_id)
 
-    #: Shard-size units added per client when balancing: a client's fixed cost per round in examples'
-    #: worth, about 15 on the digits quickstart (``python experiments/bench/probes.py client-cost``);
+    #: Shard-size units added per client when balancing: a client's fixed cost per round (model set-up,
+    #: uploads) in examples' worth, fitted on the digits quickstart (a client's round time against n_i);
     #: on CIFAR-10 an example costs more and the fixed part weighs less.
     FIXED_COST = 16
 

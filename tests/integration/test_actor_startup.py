@@ -10,7 +10,7 @@ from raysim.data import load_dataset
 
 pytestmark = pytest.mark.integration
 
-#: Server-side or user-facing packages that must never load in a client actor (issue 12).
+#: Server-side or user-facing packages that must never load in a client actor.
 FORBIDDEN = ("pandas", "pyarrow", "matplotlib", "sklearn", "raysim.cli", "raysim.experiment", "raysim.results",
              "raysim.simulation", "raysim.analysis", "raysim.privacy.accounting", "dp_accounting", "opacus")
 
@@ -27,7 +27,7 @@ def test_client_actor_import_path(ray_session):
     try:
         # Train one client first: the import path is what a round needs, not just the constructor.
         from raysim.models import model_for
-        weights = torch.nn.utils.parameters_to_vector(model_for(cfg, train.info, False).parameters()).detach()
+        weights = torch.nn.utils.parameters_to_vector(model_for(cfg, train.info).parameters()).detach()
         shard = ClientData(0, np.arange(64), np.arange(64, 70))
         result = ray_session.get(actor.train.remote(RoundPayload(1, weights, weights), ClientTask(0, 1, 1.0, 1.0), shard,
                                                     ("run-a", cfg, "per_sample", train_ref)))

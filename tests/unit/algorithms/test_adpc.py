@@ -1,4 +1,4 @@
-"""ADPC (SPEC §3): the private per-example-norm histogram, and why the literal update-norm rules fail."""
+"""ADPC (docs/methods.md): the private per-example-norm histogram, and why the literal update-norm rules fail."""
 
 from __future__ import annotations
 

@@ -183,8 +183,7 @@ def test_the_options_cost_no_privacy():
 
 
 def test_the_options_get_their_own_run_ids():
-    """Each option is a different experiment. (That per_client + coupled, the behaviour from before the
-    keys existed, keeps the earlier run ids is checked with the other added keys in tests/unit/core/test_config.py.)"""
+    """Each option is a different experiment; without ADPC the options change nothing, nor the run id."""
     ids = {run_id_for(config_from_dict({"method": "feddimdp", "lr": 0.3, "adpc": {"read": r, "step": s}}))
            for r in ("per_client", "pooled") for s in ("coupled", "normalized")}
     assert len(ids) == 4

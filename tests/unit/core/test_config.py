@@ -7,7 +7,6 @@ from raysim.config import ConfigError, apply_overrides, config_from_dict, config
 
 def test_defaults_are_valid_and_frozen():
     cfg = config_from_dict({})
-    assert cfg.privacy.delta == 1e-5 and cfg.adpc.c0 == 1.0 and cfg.cra.rho == 1.5
     with pytest.raises(Exception):
         cfg.rounds = 3  # type: ignore[misc]
 
@@ -48,20 +47,38 @@ def test_hash_is_stable_and_sensitive():
     assert config_hash(a) == config_hash(b) != config_hash(c)
 
 
-def test_default_model_keeps_run_ids_of_configs_without_the_key():
-    import dataclasses, hashlib, json
-    from raysim.config import RuntimeConfig, result_hash
+def test_result_hash_covers_every_key_that_changes_results_and_no_other():
+    from raysim.config import result_hash
 
-    cfg = config_from_dict({"rounds": 3})
-    data = dataclasses.replace(cfg.data, root=None, cache_dir=None, download=False)
-    values = dataclasses.asdict(cfg.replace(runtime=RuntimeConfig(), data=data))
-    assert values.pop("model") == "cnn"
-    for newer in ("eval_every", "clients_per_round", "participation", "replicate"):   # defaults left out the same way
-        values.pop(newer)
-    values["runtime"].pop("eval_on")
-    values["runtime"].pop("malloc_tuning")
-    values["adpc"].pop("read"), values["adpc"].pop("step")
-    values["data"].pop("train_subsample")   # the values that reproduce the earlier behaviour
-    before = hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    assert result_hash(cfg) == before
-    assert result_hash(config_from_dict({"rounds": 3, "model": "wrn16_4"})) != before
+    base = config_from_dict({"rounds": 3})
+    same = [{"runtime": {"executor": "serial"}}, {"runtime": {"num_actors": 3}}, {"runtime": {"eval_on": "actor"}},
+            {"runtime": {"malloc_tuning": False}}, {"runtime": {"checkpoint_every": 0}},
+            {"data": {"root": "/elsewhere", "cache_dir": "/tmp/c"}}]
+    for change in same:
+        assert result_hash(config_from_dict({"rounds": 3, **change})) == result_hash(base), change
+    moved = [{"model": "wrn16_4"}, {"eval_every": 2}, {"replicate": 1}, {"participation": "poisson"},
+             {"clients_per_round": 5}, {"runtime": {"torch_threads": 2}}, {"data": {"alpha": 0.1}},
+             {"cra": {"utility": "server_val_f1"}}]   # a public hold-out for any method: another partition
+    hashes = {result_hash(config_from_dict({"rounds": 3, **change})) for change in moved}
+    assert len(hashes) == len(moved) and result_hash(base) not in hashes
+    # a method section counts for the method that uses it, and only then
+    assert result_hash(config_from_dict({"rounds": 3, "sam": {"rho": 0.1}})) == result_hash(base)
+    dimdp = config_from_dict({"rounds": 3, "method": "feddimdp"})
+    for change in ({"adpc": {"c0": 2.0}}, {"cra": {"rho": 2.0}}, {"lldm": {"reduction": 0.25}}):
+        assert result_hash(config_from_dict({"rounds": 3, "method": "feddimdp", **change})) != result_hash(dimdp)
+        off = {"feddimdp": {next(iter(change)): False}}
+        assert (result_hash(config_from_dict({"rounds": 3, "method": "feddimdp", **off, **change}))
+                == result_hash(config_from_dict({"rounds": 3, "method": "feddimdp", **off})))
+
+
+def test_a_preset_method_has_one_run_id_before_and_after_its_switches_are_resolved():
+    """Sweeps and tunes find a run's row by the id of the config they planned (preset unresolved); the run
+    writes it under the id of the config it ran (resolved). The two must agree, or a completed run reruns."""
+    from raysim.algorithms.registry import all_methods, resolve_preset
+    from raysim.config import run_id_for
+    presets = [spec.name for spec in all_methods() if spec.preset]
+    assert presets
+    for name in presets:
+        cfg = config_from_dict({"method": name, "privacy": {"epsilon": 8.0}})
+        assert resolve_preset(cfg) != cfg
+        assert run_id_for(cfg) == run_id_for(resolve_preset(cfg)), name

@@ -6,7 +6,7 @@ Parametrised over the registry, so a new method gets this coverage by registerin
   DP-FedSAM, ``sam.mode=both`` is covered by tests/unit/algorithms/test_baselines.py);
 * its declared uploads are what its clients send, and every logged key is in the results schema;
 * the same seed gives identical tables, another seed different ones;
-* a 2-round quickstart run completes within the ε target.
+* a 2-round run with σ calibrated to ε = 8 completes within the target.
 """
 
 from __future__ import annotations
@@ -17,41 +17,36 @@ import pytest
 
 import raysim.training as training
 from raysim.algorithms.registry import all_methods, get_method, resolve_preset
-from raysim.config import apply_overrides, config_from_dict, read_yaml
+from raysim.config import config_from_dict
 from raysim.results import read_table
-from raysim.results.schema import CLIENTS, ROUNDS
+from raysim.results.schema import SCHEMAS
 from raysim.runtime import execute
-from tests.conftest import REPO
 
 METHODS = [spec.name for spec in all_methods()]
-QUICKSTART = REPO / "experiments" / "quickstart.yaml"
 
 
-def quickstart(method: str, seed: int = 0, **changes):
-    """The offline quickstart, 2 rounds, serial; DP methods at ε = 8 (non-private ones too, made DP)."""
-    values = apply_overrides(read_yaml(QUICKSTART), [
-        ("method", method), ("rounds", 2), ("seed", seed), ("runtime.executor", "serial"),
-        ("data.test_subsample", 200), *changes.items()])
-    return config_from_dict(values)
-
-
-def tiny(method: str, seed: int):
+def tiny(method: str, seed: int, rounds: int = 1, privacy: dict | None = None):
     """3 clients, 1 round, σ given (no calibration): for the determinism and release checks."""
-    return config_from_dict({"method": method, "rounds": 1, "seed": seed, "num_clients": 3, "batch_size": 32,
-                             "lr": 0.05, "privacy": {"noise_multiplier": 1.0},
+    return config_from_dict({"method": method, "rounds": rounds, "seed": seed, "num_clients": 3, "batch_size": 32,
+                             "lr": 0.05, "privacy": privacy or {"noise_multiplier": 1.0},
                              "data": {"name": "digits", "partition": "dirichlet", "alpha": 0.5,
                                       "min_samples_per_client": 20, "test_subsample": 100},
                              "runtime": {"executor": "serial"}})
 
 
+def calibrated(method: str):
+    """The tiny run for 2 rounds with σ calibrated to ε = 8 (non-private methods too, made DP)."""
+    return tiny(method, 0, rounds=2, privacy={"epsilon": 8.0})
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Per method: a 2-round quickstart (σ calibrated to ε = 8), and tiny runs with seeds 0, 0, 1
+    """Per method: a 2-round run (σ calibrated to ε = 8), and tiny runs with seeds 0, 0, 1
     during which every call of the privatisation step (one DP release) is counted."""
     out = {}
     for method in METHODS:
         folder = tmp_path_factory.mktemp(method)
-        execute(quickstart(method), str(folder / "quickstart"))
+        execute(calibrated(method), str(folder / "calibrated"))
         counts = []
         real = training.privatize
 
@@ -68,7 +63,7 @@ def runs(tmp_path_factory):
         def tables(name: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
             return tuple(read_table(str(folder / name), t) for t in ("rounds", "clients", "runs"))
 
-        out[method] = {"ids": ids, "quickstart": tables("quickstart"),
+        out[method] = {"ids": ids, "calibrated": tables("calibrated"),
                        "tiny": [tables(f"r{i}") for i in range(3)], "releases": len(counts)}
     return out
 
@@ -85,14 +80,14 @@ def test_declared_releases_are_the_releases_made(runs, method):
 @pytest.mark.parametrize("method", METHODS)
 def test_declared_uploads_reach_the_server_and_the_schema(runs, method):
     spec = get_method(method)
-    cfg = resolve_preset(quickstart(method))
+    cfg = resolve_preset(calibrated(method))
     uploads = spec.uploads(cfg)
     names = [u.name for u in uploads]
     assert len(names) == len(set(names)), "upload names must be unique"
     for u in uploads:
-        assert set(u.columns) <= set(CLIENTS.names), f"{u.name}: columns {u.columns} not in the clients schema"
-    rounds, clients, runs_row = runs[method]["quickstart"]
-    assert set(rounds.columns) <= set(ROUNDS.names) and set(clients.columns) <= set(CLIENTS.names)
+        assert set(u.columns) <= set(SCHEMAS['clients'].names), f"{u.name}: columns {u.columns} not in the clients schema"
+    rounds, clients, runs_row = runs[method]["calibrated"]
+    assert set(rounds.columns) <= set(SCHEMAS['rounds'].names) and set(clients.columns) <= set(SCHEMAS['clients'].names)
     for u in uploads:
         for col in u.columns:          # what an upload is logged under is actually logged
             assert clients[col].notna().all(), f"{method}: {col} not logged"
@@ -117,8 +112,8 @@ def test_same_seed_same_tables_other_seed_differs(runs, method):
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_quickstart_completes_within_the_target(runs, method):
-    rounds, clients, row = runs[method]["quickstart"]
+def test_calibrated_run_completes_within_the_target(runs, method):
+    rounds, clients, row = runs[method]["calibrated"]
     assert row["status"].item() == "completed" and row["rounds_completed"].item() == 2
     assert list(rounds["round"]) == [1, 2] and np.isfinite(rounds["test_accuracy"]).all()
     if row["clipping"].item() != "none":

@@ -1,0 +1,99 @@
+"""A run's privacy bookkeeping on the server: the σ plan, the per-client ledgers and ε, and their
+checkpoint state.
+
+Full participation plans every client's σ_i for all T rounds before round 1. Under partial
+participation (``clients_per_round``) the schedule is public and drawn up front, so each client is
+planned for exactly its own rounds, lazily, the first time it trains (:class:`ParticipationPlan`).
+A client's ledger is created when it first trains and records, each round it trains in, its DP-SGD
+steps and the method's Gaussian uploads (``raysim.privacy.plan.round_events``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from raysim.algorithms.base import MethodSpec
+from raysim.config import Config
+from raysim.messages import ClientTask
+from raysim.participation import is_full, rounds_by_client
+from raysim.privacy.accounting import PrivacyLedger, epsilon_many
+from raysim.privacy.plan import ParticipationPlan, accounting_factor, plan_noise, round_events, side_channels
+
+
+def max_planned(sigmas: np.ndarray) -> float:
+    """The largest σ_i that is planned (not NaN), or NaN when none is."""
+    planned = sigmas[~np.isnan(sigmas)]
+    return float(planned.max()) if planned.size else math.nan
+
+
+class PrivacyBook:
+    """σ_i, ledgers and ε_i of one run's clients (``cfg`` with its presets resolved)."""
+
+    def __init__(self, spec: MethodSpec, cfg: Config, clipping: str, q: np.ndarray, steps: np.ndarray,
+                 schedule: Sequence[np.ndarray]) -> None:
+        self.cfg, self.clipping, self.q, self.steps = cfg, clipping, q, steps
+        self.full_participation = is_full(schedule, cfg.num_clients)
+        if self.full_participation:
+            self.plan: ParticipationPlan | None = None
+            self.sigmas = plan_noise(spec, cfg, clipping, q, steps)
+        else:
+            self.plan = ParticipationPlan(spec, cfg, clipping, q, steps, rounds_by_client(schedule, cfg.num_clients))
+            self.sigmas = np.full(cfg.num_clients, np.nan)   # shared with the server's context, filled in place
+        self.factor = accounting_factor(clipping, spec.client.releases_for(cfg)) if clipping != "none" else 0.0
+        self.channels = side_channels(spec, cfg)
+        # Ledgers of the clients that trained so far (created on first participation). Under partial
+        # participation they keep no incremental accountant state (~200 kB each with PLD), so the driver
+        # and its checkpoints hold a few hundred bytes per client that trained, nothing for the others.
+        self.ledgers: dict[int, PrivacyLedger] = {}
+        # ε per client, updated only for the clients whose ledger changed in a round.
+        self.epsilons = np.full(cfg.num_clients, 0.0 if clipping != "none" else math.inf)
+        self.max_sigma = max_planned(self.sigmas)
+
+    def plan_clients(self, client_ids: Sequence[int]) -> None:
+        """Give every client of ``client_ids`` its σ (partial participation: calibrated on first use, for
+        its whole planned participation, so this is the same σ whenever it is computed)."""
+        if self.plan is None:
+            return
+        for cid in client_ids:
+            if math.isnan(self.sigmas[cid]):
+                self.sigmas[cid] = self.plan.sigma(int(cid))
+                self.max_sigma = self.sigmas[cid] if math.isnan(self.max_sigma) else max(self.max_sigma, self.sigmas[cid])
+
+    def ledger(self, client_id: int) -> PrivacyLedger:
+        """Client ``client_id``'s ledger (an empty one, not kept, for a client that never trained)."""
+        found = self.ledgers.get(int(client_id))
+        return found if found is not None else self._new_ledger()
+
+    def _new_ledger(self) -> PrivacyLedger:
+        p = self.cfg.privacy
+        return PrivacyLedger(p.delta, p.accountant, incremental=self.full_participation)
+
+    def record_round(self, tasks: Sequence[ClientTask], participants: Sequence[int]) -> None:
+        """Account one round: each task's DP-SGD steps at its σ and the method's Gaussian uploads."""
+        if self.clipping == "none" or not tasks:
+            return
+        for task in tasks:
+            cid = task.client_id
+            ledger = self.ledgers.get(cid)
+            if ledger is None:
+                ledger = self.ledgers[cid] = self._new_ledger()
+            for ev in round_events(float(self.q[cid]), int(self.steps[cid]), task.noise_multiplier, self.factor,
+                                   self.channels):
+                ledger.record(ev)
+        # Only the participants' ledgers changed; everyone else keeps the ε of an earlier round.
+        self.epsilons[list(participants)] = epsilon_many([self.ledgers[cid] for cid in participants])
+
+    def state(self) -> dict[str, Any]:
+        return {"ledgers": self.ledgers, "epsilons": self.epsilons.copy(), "noise_multipliers": self.sigmas.copy(),
+                "sigma_memo": dict(self.plan.memo) if self.plan is not None else {}}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.ledgers = dict(state["ledgers"])
+        self.epsilons = np.array(state["epsilons"], dtype=np.float64)
+        self.sigmas[:] = state["noise_multipliers"]    # in place: the server's context holds this array
+        if self.plan is not None:
+            self.plan.memo.update(state["sigma_memo"])
+        self.max_sigma = max_planned(self.sigmas)

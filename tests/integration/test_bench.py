@@ -1,0 +1,72 @@
+"""Every benchmark of experiments/bench/ runs at tiny settings and prints its JSON (a smoke test of the
+suite that `make bench` runs at full settings; the numbers themselves are not checked)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+BENCH = REPO / "experiments" / "bench"
+
+
+def _run(script: str, *args: str, timeout: int = 600) -> str:
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True, env=env,
+                          cwd=REPO, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_dp_step_compares_engines_and_profiles_the_real_engine():
+    rows = json.loads(_run("dp_step.py", "--json", "--steps", "1", "--warmup", "0", "--batch-size", "8",
+                           "--threads", "1", "--engines", "plain,bk,batch"))
+    assert [r["key"] for r in rows] == ["plain", "batch", "bk"] and all(r["samples_per_s"] > 0 for r in rows)
+    phases = {r["phase"] for r in json.loads(_run("dp_step.py", "--profile", "--json", "--steps", "1", "--warmup",
+                                                  "0", "--batch-size", "8", "--threads", "1"))}
+    assert {"noise", "forward", "backward", "clip factors", "optimiser step", "TOTAL DP step"} <= phases
+    assert any(p.startswith("norms ") for p in phases) and any(p.startswith("clipped sum ") for p in phases)
+
+
+@pytest.mark.cluster
+def test_round_overhead():
+    out = json.loads(_run("round_overhead.py", "--dataset", "digits", "--num-clients", "2", "--timed-rounds", "1",
+                          "--json"))
+    assert out["serial"]["warm_round_s"] > 0 and out["ray"]["warm_round_s"] > 0
+
+
+@pytest.mark.cluster
+def test_sweep_overhead(tmp_path):
+    sweep = tmp_path / "tiny.yaml"
+    sweep.write_text("name: tiny\nbase: {method: fedavg, rounds: 1, num_clients: 2, batch_size: 32,\n"
+                     "  data: {name: digits, min_samples_per_client: 20, test_subsample: 100},\n"
+                     "  runtime: {num_actors: 1, num_cpus_per_client: 0.5}}\ngrid: {seed: [0, 1]}\n")
+    out = json.loads(_run("sweep_overhead.py", "--sweep", str(sweep), "--json"))
+    assert out["arms"]["pool on"]["runs"] == 2 and out["arms"]["pool off"]["runs"] == 2
+
+
+@pytest.mark.cluster
+def test_population():
+    out = _run("population.py", "--dataset", "digits", "--methods", "fedsa", "--sizes", "20", "--clients-per-round",
+               "2", "--rounds", "2", "--test-subsample", "100", "--json")
+    rows = json.loads(out[out.index("["):])
+    assert [(r["method"], r["num_clients"]) for r in rows] == [("fedsa", 20)]
+
+
+def test_adpc_sigma_h():
+    out = json.loads(_run("adpc_sigma_h.py", "--config", "experiments/quickstart.yaml", "--set", "num_clients=2",
+                          "--set", "rounds=2", "--grid", "25", "--json"))
+    assert [r["histogram_noise_multiplier"] for r in out["rows"]] == [None, 25]
+    assert out["rows"][1]["max_sigma"] >= out["rows"][0]["max_sigma"] > 0
+
+
+@pytest.mark.cluster
+def test_tune_speed():
+    out = json.loads(_run("tune_speed.py", "--lrs", "2", "--rounds", "1", "--tuning-seeds", "1", "--final-seeds", "1",
+                          "--json"))
+    assert out["runs"] > 0 and out["rerun_ran_nothing"] is True
