@@ -3,14 +3,18 @@ canaries (Steinke, Nasr & Jagielski 2023).
 
 One client of the configured run (client 0: its data, its planned σ, its rounds and steps) trains
 with the configured DP-SGD mechanism (``privacy.clipping``) at the fixed C = ``privacy.clip_norm``,
-its model carried from round to round. M canaries — gradients of norm C in random sparse
-directions, disjoint from each other — are each included with probability 1/2, and an included
-canary joins each Poisson batch with the same probability q as a real example (its gradient enters
-the clipped sum, or the batch mean, before the noise). Afterwards each canary is scored by its inner
+its model carried from round to round. M canaries — gradients of norm ``canary_norm``·C (10 C) in
+random sparse directions, disjoint from each other — are each included with probability 1/2, and an
+included canary joins each Poisson batch with the same probability q as a real example. Its gradient
+enters *before* clipping: with ``per_sample`` clipping it goes through the engine's per-example path
+with the batch (per-layer norms, clip factors, clipped sum; ``GradSampleEngine.clipped_sum``'s
+``extra``), so a clipping bug that lets an example through lets the canaries through at 10× the
+signal; with ``batch`` clipping it joins the batch mean before the mean is clipped. Afterwards each canary is scored by its inner
 product with the client's total update (−Δw moves along included canaries); the top and bottom
 ``guess_fraction`` of the scores are guessed in and out, and the correct count becomes a
 95 %-confidence lower bound ε_lb (:mod:`raysim.privacy.audit_bound`). ε_lb is reported beside the ε
-accounted for exactly what the audit observes: that client's DP-SGD steps.
+accounted for exactly what the audit observes (that client's DP-SGD steps) and beside the audit's
+ceiling: the ε_lb of all guesses right, the largest value M canaries and r guesses can show.
 
 What it shows and what it does not: docs/privacy.md.
 """
@@ -26,7 +30,6 @@ import torch
 from torch.nn.utils import parameters_to_vector
 
 from raysim.algorithms.base import ClientHooks
-from raysim.algorithms.flat import split_like
 from raysim.algorithms.registry import get_method, resolve_preset
 from raysim.config import Config, ConfigError
 from raysim.data import to_float_tensor
@@ -41,12 +44,13 @@ from raysim.rng import np_generator, torch_generator
 from raysim.run_data import make_partition
 from raysim.training import local_train, sample_rate, steps_per_epoch
 
-__all__ = ["AuditResult", "run_audit"]
+__all__ = ["AuditResult", "audit_ceiling", "run_audit"]
 
 
 @dataclass(frozen=True)
 class AuditResult:
     epsilon_lower_bound: float     # 95 % confidence
+    epsilon_ceiling: float         # the largest ε_lb this audit can reach: every guess right
     epsilon_accounted: float       # the audited client's DP-SGD steps, as accounted
     delta: float
     clipping: str
@@ -55,12 +59,20 @@ class AuditResult:
     guesses: int
     correct: int
     steps: int
+    canary_norm: float             # pre-clipping norm of each canary, in units of C
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def run_audit(cfg: Config, canaries: int = 1000, guess_fraction: float = 0.1, client_id: int = 0) -> AuditResult:
+def audit_ceiling(canaries: int, guesses: int, delta: float) -> float:
+    """The largest ε_lb an audit with ``canaries`` canaries and ``guesses`` guesses can report (all right):
+    no claim above it can be refuted by that audit."""
+    return epsilon_lower_bound(canaries, guesses, guesses, delta)
+
+
+def run_audit(cfg: Config, canaries: int = 1000, guess_fraction: float = 0.1, client_id: int = 0,
+              canary_norm: float = 10.0) -> AuditResult:
     """Audit the DP-SGD mechanism of ``cfg`` (see the module docstring)."""
     if canaries < 10:
         raise ConfigError(f"--canaries must be >= 10, got {canaries}")
@@ -92,9 +104,11 @@ def run_audit(cfg: Config, canaries: int = 1000, guess_fraction: float = 0.1, cl
     coords = torch.from_numpy(np_generator(cfg.seed, "audit-canaries").permutation(d)[: support * canaries].copy())
     coords = coords.view(canaries, support)
     signs = torch.from_numpy(np_generator(cfg.seed, "audit-signs").choice([-1.0, 1.0], (canaries, support)))
-    values = (signs * clip / math.sqrt(support)).to(start.dtype)          # each canary has norm exactly C
+    values = (signs * canary_norm * clip / math.sqrt(support)).to(start.dtype)   # pre-clip norm canary_norm·C
     included = np_generator(cfg.seed, "audit-membership").random(canaries) < 0.5
     members = np.flatnonzero(included)
+    ends = np.cumsum([p.numel() for p in params]).tolist()
+    offsets = list(zip([0] + ends[:-1], ends))
     engine = make_engine(cfg.privacy.engine)
 
     for server_round in range(1, cfg.rounds + 1):
@@ -102,11 +116,12 @@ def run_audit(cfg: Config, canaries: int = 1000, guess_fraction: float = 0.1, cl
         chosen = [members[sampler.random(len(members)) < q] for _ in range(steps)]
 
         def canary_batch(step: int, chosen=chosen):
-            flat = torch.zeros(d, dtype=start.dtype)
-            picked = chosen[step]
+            picked = chosen[step]                                     # one row per canary in this batch
+            rows = torch.zeros(len(picked), d, dtype=start.dtype)
             if len(picked):
-                flat.index_add_(0, coords[picked].reshape(-1), values[picked].reshape(-1))
-            return split_like(flat, params), int(len(picked))
+                rows[torch.arange(len(picked)).repeat_interleave(support), coords[picked].reshape(-1)] = \
+                    values[picked].reshape(-1)
+            return [rows[:, a:b].reshape(len(picked), *p.shape) for (a, b), p in zip(offsets, params)]
 
         now = parameters_to_vector(params).detach().clone()
         task = ClientTask(client_id, server_round, clip, sigma)
@@ -120,5 +135,5 @@ def run_audit(cfg: Config, canaries: int = 1000, guess_fraction: float = 0.1, cl
     order = np.argsort(scores, kind="stable")
     correct = int(included[order[-k:]].sum() + (~included[order[:k]]).sum())
     bound = epsilon_lower_bound(canaries, 2 * k, correct, cfg.privacy.delta)
-    return AuditResult(bound, float(accounted), cfg.privacy.delta, clipping, sigma, canaries, 2 * k, correct,
-                       steps * cfg.rounds)
+    return AuditResult(bound, audit_ceiling(canaries, 2 * k, cfg.privacy.delta), float(accounted),
+                       cfg.privacy.delta, clipping, sigma, canaries, 2 * k, correct, steps * cfg.rounds, canary_norm)

@@ -33,5 +33,6 @@ def cmd_audit(args: argparse.Namespace) -> int:
         print(f"{cfg.method} ({result.clipping} clipping, σ = {result.noise_multiplier:.4f}, {result.steps} steps): "
               f"ε_lb = {result.epsilon_lower_bound:.3f} (95 % confidence) against accounted ε = "
               f"{result.epsilon_accounted:.3f} at δ = {result.delta:g}; {result.correct}/{result.guesses} guesses "
-              f"right over {result.canaries} canaries")
+              f"right over {result.canaries} canaries; ceiling {result.epsilon_ceiling:.3f} (the ε_lb of every "
+              f"guess right: a claim above it cannot be refuted by this audit)")
     return 0

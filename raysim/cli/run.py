@@ -26,6 +26,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from raysim.experiment import prepare
     from raysim.runtime import execute
     from raysim.progress import RunProgress
+    from raysim.results.sink import check_results_dir
+    check_results_dir(args.results_dir)
     values = apply_overrides(read_yaml(args.config),
                              cli_overrides(list(args.overrides), args.data_root, args.address))
     methods = values.get("method", "fedavg")

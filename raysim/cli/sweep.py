@@ -91,7 +91,10 @@ class SweepProgress:
         if now - self.last_poll >= 2.0:   # rounds of running runs, read from their runs rows
             self.last_poll = now
             for run_id in self.running:
-                row = self.sink.read_run(run_id)
+                try:
+                    row = self.sink.read_run(run_id)
+                except (ValueError, OSError):   # a display poll never stops a sweep: skip, read it next time
+                    continue
                 if row is not None:
                     self.running[run_id] = min(int(row.get("rounds_completed") or 0), self.rounds[run_id])
         self._update()
@@ -125,6 +128,8 @@ def check_sweep_options(args: argparse.Namespace) -> None:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     check_sweep_options(args)
+    from raysim.results.sink import check_results_dir
+    check_results_dir(args.results_dir)
     sweep = load_sweep(args.sweep, args.overrides, args.data_root, args.address)
     check_sweep(sweep)
     results_dir = args.results_dir

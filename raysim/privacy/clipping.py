@@ -123,7 +123,7 @@ def _layer_norms(grads: list[torch.Tensor], groups: list[list[int]]) -> torch.Te
 def privatize(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, mode: str,
               clip_norm: float | Sequence[float], noise_multiplier: float, expected_batch_size: int,
               generator: torch.Generator | None, engine: GradSampleEngine,
-              per_layer: bool = False, canaries: tuple[list[torch.Tensor], int] | None = None) -> PrivateGrad:
+              per_layer: bool = False, canaries: list[torch.Tensor] | None = None) -> PrivateGrad:
     """Gradient estimate for one local step under clipping ``mode`` (see the module docstring).
 
     Privacy assumptions: ``x, y`` is a Poisson-sampled batch (rate q = expected_batch_size / n)
@@ -134,10 +134,10 @@ def privatize(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, mode: str,
     deviation is σ·C with C = :func:`total_sensitivity`. The model's ``.grad`` fields are not
     touched; the caller steps with ``PrivateGrad.grads``.
 
-    ``canaries`` (the privacy audit only, ``raysim.audit``): the sum of the gradients of k extra
-    examples in this batch, each of norm exactly C (so clipping leaves it unchanged), shaped like
-    the parameters; they join the clipped sum (``per_sample``) or the batch mean (``batch``) before
-    the noise, as real examples would.
+    ``canaries`` (the privacy audit only, ``raysim.audit``): k extra examples of this batch given by
+    their unclipped gradients, one (k, *shape) tensor per parameter. In ``per_sample`` mode they go
+    through the engine's per-example path with the batch (norms, clip factors, clipped sum), so a
+    clipping bug lets them through; in ``batch`` mode they join the batch mean before it is clipped.
     """
     _check_mode(mode)
     if noise_multiplier < 0 or not math.isfinite(noise_multiplier):
@@ -153,18 +153,16 @@ def privatize(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, mode: str,
         scale = 1.0 / expected_batch_size
         std = noise_multiplier * total_sensitivity(clip_norm, per_layer)
         noise = _gaussian_like(list(model.parameters()), std * scale, generator)
-        res = engine.clipped_sum(model, x, y, clip_norm, per_layer=per_layer, scale=scale, out=noise)
+        res = engine.clipped_sum(model, x, y, clip_norm, per_layer=per_layer, scale=scale, out=noise, extra=canaries)
         grads = res.grads
-        if canaries is not None:
-            grads = [g.add_(c * scale) for g, c in zip(grads, canaries[0])]
         return PrivateGrad(grads=grads, loss_mean=res.loss_sum / batch if batch else 0.0, batch_size=batch,
                            num_clipped=res.num_clipped, frac_clipped=res.num_clipped / batch if batch else 0.0,
                            per_example_norms=res.per_example_norms)
 
     grads, loss_mean = _mean_gradient(model, x, y)
-    if canaries is not None and canaries[1]:
-        total = batch + canaries[1]
-        grads = [(g * batch + c) / total for g, c in zip(grads, canaries[0])]
+    if canaries is not None and canaries[0].shape[0]:
+        total = batch + canaries[0].shape[0]
+        grads = [(g * batch + c.sum(0)) / total for g, c in zip(grads, canaries)]
     if mode == "none":
         return PrivateGrad(grads=grads, loss_mean=loss_mean, batch_size=batch, num_clipped=0, frac_clipped=0.0)
     with torch.no_grad():

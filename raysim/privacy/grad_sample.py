@@ -66,10 +66,14 @@ class GradSampleEngine(Protocol):
 
     def clipped_sum(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                     clip_norm: float | Sequence[float], *, per_layer: bool = False,
-                    scale: float = 1.0, out: list[torch.Tensor] | None = None) -> ClippedGrads:
+                    scale: float = 1.0, out: list[torch.Tensor] | None = None,
+                    extra: list[torch.Tensor] | None = None) -> ClippedGrads:
         """Per-example norms and ``scale · Σ_i c_i ∇ℓ_i`` of the summed CE loss; with ``out`` (one
         tensor per parameter, in its shape), that sum is added to ``out`` in place and
-        ``ClippedGrads.grads`` are those tensors."""
+        ``ClippedGrads.grads`` are those tensors. ``extra`` (the privacy audit's canaries only): k more
+        examples given by their unclipped gradients, one (k, *shape) tensor per parameter; their
+        per-layer norms join the batch's before the clip factors are computed, and their clipped
+        gradients join the sum, exactly as the batch's examples do."""
         ...
 
     def example_norms(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -180,6 +184,36 @@ def _empty_result(model: nn.Module, x: torch.Tensor, clip_norm, per_layer: bool,
                         per_layer_norms=torch.zeros(0, num_layers, dtype=dtype, device=x.device))
 
 
+def _extra_layer_norms(extra: list[torch.Tensor], groups: list[list[int]]) -> torch.Tensor:
+    """(k, K) per-layer norms of k extra examples given by their gradients (one (k, *shape) per parameter)."""
+    k = extra[0].shape[0]
+    sq = torch.zeros(k, len(groups), dtype=extra[0].dtype, device=extra[0].device)
+    for layer, ids in enumerate(groups):
+        for j in ids:
+            sq[:, layer] += extra[j].reshape(k, -1).pow(2).sum(1)
+    return sq.sqrt()
+
+
+def _add_extra(grads: list[torch.Tensor], extra: list[torch.Tensor], factors: torch.Tensor,
+               groups: list[list[int]]) -> None:
+    """grads += Σ_c factors[c, layer] · extra_c, layer by layer (the extra examples' clipped sum)."""
+    k = extra[0].shape[0]
+    for layer, ids in enumerate(groups):
+        for j in ids:
+            grads[j].add_((factors[:, layer].to(extra[j].dtype) @ extra[j].reshape(k, -1)).reshape(grads[j].shape))
+
+
+def _empty_batch(model: nn.Module, x: torch.Tensor, clip_norm, per_layer: bool, scale: float,
+                 out: list[torch.Tensor] | None, extra: list[torch.Tensor] | None) -> ClippedGrads:
+    """An empty batch: nothing but the extra examples, if any, clipped like any example."""
+    res = _empty_result(model, x, clip_norm, per_layer, out)
+    if extra is not None and extra[0].shape[0]:
+        groups = layer_param_indices(model)
+        factors, res.num_clipped = clip_factors(_extra_layer_norms(extra, groups), clip_norm, per_layer)
+        _add_extra(res.grads, extra, factors * scale, groups)
+    return res
+
+
 def _channels_last(x: torch.Tensor) -> torch.Tensor:
     """Image batches go through the model channels-last (NHWC): oneDNN's convolutions run natively
     in that layout, so the forward and the output-gradient backward of the paper CNN take about a
@@ -200,7 +234,8 @@ class BookKeepingEngine:
 
     def clipped_sum(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                     clip_norm: float | Sequence[float], *, per_layer: bool = False,
-                    scale: float = 1.0, out: list[torch.Tensor] | None = None) -> ClippedGrads:
+                    scale: float = 1.0, out: list[torch.Tensor] | None = None,
+                    extra: list[torch.Tensor] | None = None) -> ClippedGrads:
         """Sum of per-example clipped gradients of ``cross_entropy(model(x), y, reduction='sum')``,
         times ``scale`` (folded into the clip factors), added to ``out`` when given.
 
@@ -208,19 +243,20 @@ class BookKeepingEngine:
         returned sum has l2 norm ≤ C (or ≤ C_k per layer), so adding or removing one example
         moves the sum by at most C (sqrt(Σ C_k²)). The norms and counts are *not* private.
         """
-        return self._run(model, x, y, clip_norm, per_layer, scale, out, norms_only=False)
+        return self._run(model, x, y, clip_norm, per_layer, scale, out, norms_only=False, extra=extra)
 
     def example_norms(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The per-example norms of :meth:`clipped_sum` (the same bits), without the clipped sum."""
         return self._run(model, x, y, 1.0, False, 1.0, None, norms_only=True).per_example_norms
 
     def _run(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, clip_norm: float | Sequence[float],
-             per_layer: bool, scale: float, out: list[torch.Tensor] | None, *, norms_only: bool) -> ClippedGrads:
+             per_layer: bool, scale: float, out: list[torch.Tensor] | None, *, norms_only: bool,
+             extra: list[torch.Tensor] | None = None) -> ClippedGrads:
         layers = parametrised_layers(model)
         names = {id(m): n for n, m in model.named_modules()}
         check_supported(layers, names)
         if x.shape[0] == 0:
-            return _empty_result(model, x, clip_norm, per_layer, out)
+            return _empty_batch(model, x, clip_norm, per_layer, scale, out, extra)
         _thresholds(clip_norm, per_layer, len(layers))
 
         records: dict[int, list[tuple[torch.Tensor, torch.Tensor, int]]] = {id(m): [] for m in layers}
@@ -278,7 +314,9 @@ class BookKeepingEngine:
             if norms_only:
                 return ClippedGrads(grads=[], per_example_norms=per_layer_norms.pow(2).sum(1).sqrt(),
                                     num_clipped=0, loss_sum=float(loss_sum.detach()), per_layer_norms=per_layer_norms)
-            factors, num_clipped = clip_factors(per_layer_norms, clip_norm, per_layer)
+            groups = layer_param_indices(model) if extra is not None else []
+            every = per_layer_norms if extra is None else torch.cat([per_layer_norms, _extra_layer_norms(extra, groups)])
+            factors, num_clipped = clip_factors(every, clip_norm, per_layer)
             if scale != 1.0:
                 factors = factors * scale
             if lap is not None:
@@ -289,7 +327,7 @@ class BookKeepingEngine:
             for k, s in enumerate(stats):
                 into = None if out is None else {
                     pname: out[index[id(p)]] for pname, p in s.layer.named_parameters(recurse=False)}
-                for pname, value in s.clipped_sums(factors[:, k].contiguous(), into).items():
+                for pname, value in s.clipped_sums(factors[:batch, k].contiguous(), into).items():
                     j = index[id(getattr(s.layer, pname))]
                     if grads[j] is None:
                         grads[j] = value
@@ -297,6 +335,8 @@ class BookKeepingEngine:
                     lap(f"clipped sum {names.get(id(s.layer))}")
             grads = [gr.detach() if gr is not None else torch.zeros_like(p) if out is None else out[j]
                      for j, (p, gr) in enumerate(zip(params, grads))]
+            if extra is not None:
+                _add_extra(grads, extra, factors[batch:], groups)
         return ClippedGrads(grads=grads, per_example_norms=per_layer_norms.pow(2).sum(1).sqrt(),
                             num_clipped=num_clipped, loss_sum=float(loss_sum.detach()),
                             per_layer_norms=per_layer_norms)
@@ -310,21 +350,23 @@ class VmapEngine:
 
     def clipped_sum(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                     clip_norm: float | Sequence[float], *, per_layer: bool = False,
-                    scale: float = 1.0, out: list[torch.Tensor] | None = None) -> ClippedGrads:
+                    scale: float = 1.0, out: list[torch.Tensor] | None = None,
+                    extra: list[torch.Tensor] | None = None) -> ClippedGrads:
         """Same contract as :meth:`BookKeepingEngine.clipped_sum` (same privacy statement)."""
-        return self._run(model, x, y, clip_norm, per_layer, scale, out)
+        return self._run(model, x, y, clip_norm, per_layer, scale, out, extra)
 
     def example_norms(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The per-example norms of :meth:`clipped_sum`."""
         return self._run(model, x, y, 1.0, False, 1.0, None).per_example_norms
 
     def _run(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, clip_norm: float | Sequence[float],
-             per_layer: bool, scale: float, out: list[torch.Tensor] | None) -> ClippedGrads:
+             per_layer: bool, scale: float, out: list[torch.Tensor] | None,
+             extra: list[torch.Tensor] | None = None) -> ClippedGrads:
         from torch.func import functional_call, grad_and_value, vmap
 
         groups = layer_param_indices(model)
         if x.shape[0] == 0:
-            return _empty_result(model, x, clip_norm, per_layer, out)
+            return _empty_batch(model, x, clip_norm, per_layer, scale, out, extra)
         _thresholds(clip_norm, per_layer, len(groups))
         named = dict(model.named_parameters())
         trainable = {n: p.detach() for n, p in named.items() if p.requires_grad}
@@ -349,18 +391,21 @@ class VmapEngine:
                     if names[j] in per_example:
                         sq[:, k] += per_example[names[j]].reshape(batch, -1).pow(2).sum(1)
             per_layer_norms = sq.sqrt()
-            factors, num_clipped = clip_factors(per_layer_norms, clip_norm, per_layer)
+            every = per_layer_norms if extra is None else torch.cat([per_layer_norms, _extra_layer_norms(extra, groups)])
+            factors, num_clipped = clip_factors(every, clip_norm, per_layer)
             if scale != 1.0:
                 factors = factors * scale
             layer_of = {j: k for k, ids in enumerate(groups) for j in ids}
             grads = []
             for j, (n, p) in enumerate(named.items()):
                 if n in per_example:
-                    c = factors[:, layer_of[j]]
+                    c = factors[:batch, layer_of[j]]
                     grads.append((c @ per_example[n].reshape(batch, -1)).reshape(p.shape))
                 else:
                     grads.append(torch.zeros_like(p))
             if out is not None:
                 grads = [o.add_(g) for o, g in zip(out, grads)]
+            if extra is not None:
+                _add_extra(grads, extra, factors[batch:], groups)
         return ClippedGrads(grads=grads, per_example_norms=sq.sum(1).sqrt(), num_clipped=num_clipped,
                             loss_sum=float(losses.sum()), per_layer_norms=per_layer_norms)

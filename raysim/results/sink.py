@@ -11,7 +11,11 @@ dot-files).
 
 from __future__ import annotations
 
+import itertools
+import os
 import posixpath
+import socket
+import threading
 from typing import Any, Iterable, Mapping
 
 import pandas as pd
@@ -20,6 +24,18 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from raysim.results.schema import SCHEMAS
+
+
+_TMP_COUNTER = itertools.count()
+
+
+def _tmp_name(folder: str, name: str) -> str:
+    """A temp file name no other writer uses: host, process, thread and a per-process counter. Two writers
+    of one file (a run and the sweep recording its failure, a retried run and its lost attempt) each
+    write their own temp file and rename it into place, so the final file is always one writer's whole
+    file, never a mix. Readers skip dot-files."""
+    token = f"{socket.gethostname()}-{os.getpid()}-{threading.get_ident()}-{next(_TMP_COUNTER)}"
+    return posixpath.join(folder, f".{name}.{token}.tmp")
 
 
 def _table(name: str, rows: Iterable[Mapping[str, Any]]) -> pa.Table:
@@ -33,6 +49,13 @@ def _table(name: str, rows: Iterable[Mapping[str, Any]]) -> pa.Table:
     return pa.Table.from_pydict(columns, schema=schema)
 
 
+def check_results_dir(root: str) -> None:
+    """One-line error (ValueError) for a local ``--results-dir`` that exists and is not a folder."""
+    if "://" not in str(root) and os.path.exists(root) and not os.path.isdir(root):
+        raise ValueError(f"results folder {os.path.abspath(root)} is not a folder (a file of that name exists); "
+                         f"pass another --results-dir")
+
+
 class ResultsSink:
     """Writes result rows under ``root`` (a path or a filesystem URI)."""
 
@@ -40,14 +63,20 @@ class ResultsSink:
         self.uri = str(root)
         self.fs, self.root = pafs.FileSystem.from_uri(root) if "://" in str(root) else (pafs.LocalFileSystem(), str(root))
         if isinstance(self.fs, pafs.LocalFileSystem):
-            import os
             self.root = self.uri = os.path.abspath(self.root)
-        for name in SCHEMAS:
-            self.fs.create_dir(posixpath.join(self.root, name), recursive=True)
+        info = self.fs.get_file_info(self.root)
+        if info.type not in (pafs.FileType.Directory, pafs.FileType.NotFound):
+            raise ValueError(f"results folder {self.uri} is not a folder (a file of that name exists); "
+                             f"pass another --results-dir")
+        try:
+            for name in SCHEMAS:
+                self.fs.create_dir(posixpath.join(self.root, name), recursive=True)
+        except OSError as exc:
+            raise ValueError(f"results folder {self.uri}: cannot create its tables ({_first_line(exc)})") from None
 
     def _write(self, table_name: str, file_stem: str, rows: Iterable[Mapping[str, Any]]) -> None:
         final = posixpath.join(self.root, table_name, f"{file_stem}.parquet")
-        tmp = posixpath.join(self.root, table_name, f".{file_stem}.parquet.tmp")
+        tmp = _tmp_name(posixpath.join(self.root, table_name), f"{file_stem}.parquet")
         table = _table(table_name, rows)
         with self.fs.open_output_stream(tmp) as out:
             pq.write_table(table, out)
@@ -111,7 +140,7 @@ class ResultsSink:
     def write_checkpoint(self, run_id: str, blob: bytes) -> None:
         path = self._checkpoint_path(run_id)
         self.fs.create_dir(posixpath.dirname(path), recursive=True)
-        tmp = posixpath.join(posixpath.dirname(path), ".state.pkl.tmp")
+        tmp = _tmp_name(posixpath.dirname(path), "state.pkl")
         with self.fs.open_output_stream(tmp) as out:
             out.write(blob)
         self.fs.move(tmp, path)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
@@ -116,6 +117,14 @@ def _record_failure(results_dir: str, cfg: Config, sweep_id: str, error: str) ->
     return row
 
 
+def _notify(call: Callable[..., None], *args: Any) -> None:
+    """Call a progress listener; a display error is printed, never allowed to stop the sweep."""
+    try:
+        call(*args)
+    except Exception as exc:
+        print(f"raysim: warning: progress display: {_error_text(exc)}", file=sys.stderr, flush=True)
+
+
 def _lost_to_the_cluster(exc: BaseException) -> bool:
     """The run died with its node, its actors or their objects (not a user error, not a diverged run)."""
     from ray import exceptions as rex
@@ -163,7 +172,7 @@ def run_sweep(configs: Sequence[Config], results_dir: str, sweep_id: str, *, run
                                                   pool if plan.bundles else None)
         running[ref] = (plan, pg)
         if listener:
-            listener.started(run_id_for(plan.cfg))
+            _notify(listener.started, run_id_for(plan.cfg))
 
     try:
         while queue or waiting or running:
@@ -208,10 +217,19 @@ def run_sweep(configs: Sequence[Config], results_dir: str, sweep_id: str, *, run
                     continue
                 outcomes.append(outcome)
                 if listener:
-                    listener.finished(outcome)
+                    _notify(listener.finished, outcome)
             if listener:
-                listener.tick(len(waiting) + len(queue))
+                _notify(listener.tick, len(waiting) + len(queue))
             totals = {k: float(v) for k, v in ray.cluster_resources().items()}
+    except BaseException as exc:   # the sweep itself stops (Ctrl-C, a driver error): every unfinished run says why
+        why = f"sweep aborted before this run finished ({_error_text(exc)}); rerun the sweep to resume it"
+        for plan in [p for p, _ in running.values()] + [p for p, _ in waiting.values()] + list(queue):
+            try:
+                _record_failure(results_dir, plan.cfg, sweep_id, why)
+            except Exception as record_exc:   # keep the original error; say what could not be recorded
+                print(f"raysim: could not record the abort of {run_id_for(plan.cfg)}: {_error_text(record_exc)}",
+                      file=sys.stderr, flush=True)
+        raise
     finally:
         if pool is not None:
             try:

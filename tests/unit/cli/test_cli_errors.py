@@ -28,6 +28,17 @@ def test_run_user_errors(args, fragment, capsys, tmp_path):
     assert len(err.strip().splitlines()) == 1 and err.startswith("raysim: error:")
 
 
+@pytest.mark.parametrize("command", ["run", "sweep"])
+def test_results_dir_that_is_a_file_is_one_line_and_exit_2(command, capsys, tmp_path):
+    not_a_folder = tmp_path / "results.txt"
+    not_a_folder.write_text("a file, not a folder")
+    config = QUICKSTART if command == "run" else str(REPO / "experiments" / "sweeps" / "smoke.yaml")
+    code = main([command, config, "--results-dir", str(not_a_folder), "--set", "runtime.executor=serial"])
+    err = capsys.readouterr().err
+    assert code == 2 and "is not a folder" in err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("raysim: error:")
+
+
 def test_missing_dataset_files_names_paths(capsys, tmp_path):
     code = main(["run", QUICKSTART, "--results-dir", str(tmp_path / "r"), "--data-root", str(tmp_path),
                  "--set", "data.name=svhn", "--set", "runtime.executor=serial"])

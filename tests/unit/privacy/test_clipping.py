@@ -163,3 +163,42 @@ def test_accounting_noise_multiplier_and_mode_validation():
         _run(model, x, y, mode="per_layer")
     with pytest.raises(ValueError, match="expected_batch_size"):
         _run(model, x, y, expected=0, sigma=0.0)
+
+
+@pytest.mark.parametrize("realised", [0, 3, 8, 20])
+def test_per_sample_noise_does_not_depend_on_the_realised_batch_size(realised):
+    """Dividing by |B_t| would scale the noise with the realised size (and leak it); no canary audit can
+    see that bug, because it scales the canaries' signal the same way. Same generator, any |B_t|:
+    the noise is bit for bit the same, N(0, (σC/B)²) with B the *expected* size."""
+    model, x, y = _setup(batch=20)
+    sigma, clip, expected = 1.3, 0.5, 10
+    xb, yb = x[:realised], y[:realised]
+    clean = _run(model, xb, yb, clip=clip, sigma=0.0, expected=expected)
+    noisy = _run(model, xb, yb, clip=clip, sigma=sigma, expected=expected, gen=torch_generator(11, "dp_noise"))
+    noise = _flat(noisy.grads) - _flat(clean.grads)
+    reference = _run(model, x[:0], y[:0], clip=clip, sigma=sigma, expected=expected, gen=torch_generator(11, "dp_noise"))
+    torch.testing.assert_close(noise, _flat(reference.grads), rtol=0, atol=1e-12)
+    assert float(noise.std()) == pytest.approx(sigma * clip / expected, rel=0.02)
+
+
+@pytest.mark.parametrize("engine", ["bk", "vmap"])
+def test_extra_examples_are_clipped_with_the_batch_through_the_engine(engine):
+    """The audit's canaries (``canaries``/``extra``): given by their gradients, clipped like examples."""
+    model, x, y = _setup(batch=5)
+    params = list(model.parameters())
+    gen = torch.Generator().manual_seed(3)
+    extra = [torch.randn(3, *p.shape, generator=gen, dtype=torch.float64) for p in params]
+    extra_norms = torch.stack([torch.cat([e[c].flatten() for e in extra]).norm() for c in range(3)])
+    assert (extra_norms > 0.5).all()                                  # all three must be clipped
+    want, _ = _per_example_clipped_sum(model, x, y, 0.5)
+    for c in range(3):
+        want = [w + e[c] * (0.5 / (float(extra_norms[c]) + 1e-6)) for w, e in zip(want, extra)]
+    out = privatize(model, x, y, mode="per_sample", clip_norm=0.5, noise_multiplier=0.0, expected_batch_size=10,
+                    generator=None, engine=make_engine(engine), canaries=extra)
+    for g, w in zip(out.grads, want):
+        torch.testing.assert_close(g, w / 10, rtol=1e-5, atol=1e-9)
+    empty = privatize(model, x[:0], y[:0], mode="per_sample", clip_norm=0.5, noise_multiplier=0.0,
+                      expected_batch_size=10, generator=None, engine=make_engine(engine), canaries=extra)
+    only = [sum(e[c] * (0.5 / (float(extra_norms[c]) + 1e-6)) for c in range(3)) / 10 for e in extra]
+    for g, w in zip(empty.grads, only):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-9)
