@@ -19,7 +19,7 @@ from raysim.models import model_for
 from raysim.privacy.grad_sample import layer_slices, make_engine
 from raysim.allocator import configure_process
 from raysim.rng import np_generator
-from raysim.training import local_train
+from raysim.training import example_norm_pass, local_train
 from raysim.messages import ClientData, ClientResult, ClientTask, RoundPayload
 
 
@@ -103,21 +103,24 @@ class ClientRunner:
         task = dataclasses.replace(task, client_state=to_device(task.client_state, self.device))
         # A private copy: the parameters become views of it and are updated in place.
         vector_to_parameters(payload.start_weights.clone(), model.parameters())
+        seed, server_round, cid = self.cfg.train_seed, task.server_round, task.client_id
+        # The pre-round norm pass (ADPC's histogram, the adaptive-quantile bit): every example's gradient
+        # norm at the round's starting model, before training and independent of its sampling and noise.
+        norms = (example_norm_pass(model, x, y, engine=self.engine, batch_size=self.cfg.batch_size)
+                 if any(u.needs_example_norms for u in self.uploads) else None)
         hooks = self.spec.client(self.cfg, payload, task)
         stats = local_train(model, x, y, hooks, clipping=self.clipping, engine=self.engine,
-                            per_layer=self.spec.per_layer_clipping, seed=self.cfg.train_seed, client_id=task.client_id,
-                            record_example_norms=any(u.needs_example_norms for u in self.uploads))
+                            per_layer=self.spec.per_layer_clipping, seed=self.cfg.train_seed, client_id=task.client_id)
         params = list(model.parameters())
         new_state = hooks.finalize(params, stats.num_steps)
         with torch.no_grad():
             end = parameters_to_vector(params).detach().clone()
         delta = (end - payload.start_weights).cpu()
         new_state = to_device(new_state, torch.device("cpu"))
-        seed, server_round, cid = self.cfg.train_seed, task.server_round, task.client_id
         ctx = UploadContext(cfg=self.cfg, task=task, model=model, delta=delta, num_samples=len(y),
                             num_steps=stats.num_steps, frac_clipped=stats.frac_clipped, val_x=xv, val_y=yv,
                             num_classes=self.info.num_classes, layer_slices=self.layer_slices,
-                            example_norms=stats.example_norms,
+                            example_norms=norms,
                             rng=lambda purpose: np_generator(seed, purpose, server_round, cid))
         uploads, diagnostics = {}, {}
         for u in self.uploads:

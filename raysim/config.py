@@ -451,11 +451,23 @@ def set_section_use(rule: Callable[[Config, str], bool]) -> None:
     _SECTION_IN_USE[:] = [rule]
 
 
+#: ``cfg -> cfg`` with its method's presets applied (installed by the method registry), so that a config
+#: naming a preset (``feddimdp-no-adpc``) and the same config resolved have one run id.
+_RESOLVE_PRESET: list[Callable[[Config], Config]] = []
+
+
+def set_preset_resolver(resolve: Callable[[Config], Config]) -> None:
+    _RESOLVE_PRESET[:] = [resolve]
+
+
 def result_hash(cfg: Config) -> str:
     """Hash of every config key that changes results: the generic keys, the hold-out size as resolved,
     ``runtime.torch_threads`` and the method sections the run uses. Where and how fast a run executes
     does not change its results (the determinism test), so the other runtime keys and the data paths are
-    not part of it, nor are the sections of other methods (or of components switched off)."""
+    not part of it, nor are the sections of other methods (or of components switched off). Presets are
+    resolved first: a run has the same id before and after its preset switches are filled in."""
+    if _RESOLVE_PRESET:
+        cfg = _RESOLVE_PRESET[0](cfg)
     d = dataclasses.replace(cfg.data, root=None, cache_dir=None, download=False, server_holdout=server_holdout_size(cfg))
     values = config_to_dict(cfg.replace(data=d))
     values["runtime"] = {key: values["runtime"][key] for key in RESULT_RUNTIME_KEYS}

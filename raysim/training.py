@@ -38,14 +38,28 @@ class LocalStats:
     num_steps: int
     train_loss: float
     frac_clipped: float
-    #: per DP release: (indices of the batch into the local training set, pre-clipping per-example norms);
-    #: None unless asked for (``record_example_norms``) in ``per_sample`` mode. Raw private data.
-    example_norms: list[tuple[np.ndarray, np.ndarray]] | None = None
+
+
+#: Examples per engine call in :func:`example_norm_pass` (at least the training batch size).
+NORM_PASS_CHUNK = 256
+
+
+def example_norm_pass(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, engine: GradSampleEngine,
+                      batch_size: int) -> np.ndarray:
+    """Pre-clipping per-example gradient norms of every example of (x, y) at the model's current weights.
+
+    The pre-round pass of the clipping statistics (ADPC's histogram, the adaptive-quantile bit): it runs
+    before local training, at the round's starting model, changes no weight and draws no randomness,
+    so it is independent of the round's DP-SGD sampling and noise. Raw private data: only a noised
+    release of it may leave the client.
+    """
+    chunk = max(batch_size, NORM_PASS_CHUNK)
+    out = [engine.example_norms(model, x[i:i + chunk], y[i:i + chunk]) for i in range(0, len(y), chunk)]
+    return torch.cat(out).detach().cpu().double().numpy() if out else np.zeros(0)
 
 
 def local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, hooks: ClientHooks, *, clipping: str,
                 engine: GradSampleEngine, per_layer: bool, seed: int, client_id: int,
-                record_example_norms: bool = False,
                 canaries: Callable[[int], tuple[list[torch.Tensor], int] | None] | None = None) -> LocalStats:
     """Run E local epochs of (DP-)SGD on (x, y) in place on ``model``.
 
@@ -62,7 +76,6 @@ def local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, hooks: Clien
     expected_batch = q * n
     per_epoch = steps_per_epoch(n, batch_size)
     losses, clipped, seen, step = [], 0, 0, 0
-    norms_log: list[tuple[np.ndarray, np.ndarray]] | None = [] if record_example_norms and clipping == "per_sample" else None
     for _epoch in range(cfg.local_epochs):
         order = batch_rng.permutation(n) if clipping == "none" else None
         for k in range(per_epoch):
@@ -76,13 +89,10 @@ def local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, hooks: Clien
             def compute(xb=xb, yb=yb, step=step):
                 gen = torch_generator(seed, "dp-noise", task.server_round, client_id, step, next(release),
                                       device=x.device)
-                out = privatize(model, xb, yb, mode=clipping, clip_norm=task.clip_norm,
-                                noise_multiplier=task.noise_multiplier, expected_batch_size=expected_batch,
-                                generator=gen, engine=engine, per_layer=per_layer,
-                                canaries=canaries(step) if canaries is not None else None)
-                if norms_log is not None and out.per_example_norms is not None:
-                    norms_log.append((idx, out.per_example_norms.detach().cpu().double().numpy()))
-                return out
+                return privatize(model, xb, yb, mode=clipping, clip_norm=task.clip_norm,
+                                 noise_multiplier=task.noise_multiplier, expected_batch_size=expected_batch,
+                                 generator=gen, engine=engine, per_layer=per_layer,
+                                 canaries=canaries(step) if canaries is not None else None)
 
             private = hooks.private_gradient(params, compute)
             extra = hooks.extra_gradient(params)
@@ -97,4 +107,4 @@ def local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, hooks: Clien
             step += 1
     total = sum(c for _, c in losses)
     train_loss = sum(l * c for l, c in losses) / total if total else float("nan")
-    return LocalStats(step, float(train_loss), clipped / seen if seen else 0.0, norms_log)
+    return LocalStats(step, float(train_loss), clipped / seen if seen else 0.0)

@@ -16,7 +16,7 @@ import numpy as np
 __all__ = [
     "median", "adpc_next_clip", "histogram_edges", "example_norm_histogram", "histogram_quantile",
     "pooled_histogram_quantile", "normalized_lr_scale",
-    "weighted_quantile", "update_norm_per_step", "denoise_update_norm",
+    "norm_quantile", "update_norm_per_step", "denoise_update_norm",
     "quantile_clip_update", "noised_fraction_below", "awdp_layer_weights",
 ]
 
@@ -58,34 +58,18 @@ def histogram_edges(num_bins: int, lo: float, hi: float) -> np.ndarray:
     return np.geomspace(lo, hi, num_bins + 1)
 
 
-def _appearance_weights(batches: list[tuple[np.ndarray, np.ndarray]], num_samples: int) -> tuple[np.ndarray, np.ndarray]:
-    """All (norm, weight) pairs of a round: an example seen k times weighs 1/k at each appearance."""
-    if not batches:
-        return np.zeros(0), np.zeros(0)
-    idx = np.concatenate([np.asarray(i, dtype=np.int64) for i, _ in batches])
-    norms = np.concatenate([np.asarray(n, dtype=np.float64) for _, n in batches])
-    if idx.shape != norms.shape:
-        raise ValueError("each batch needs one norm per index")
-    if idx.size and (idx.min() < 0 or idx.max() >= num_samples):
-        raise ValueError(f"indices must lie in [0, {num_samples})")
-    seen = np.bincount(idx, minlength=num_samples)
-    return norms, 1.0 / seen[idx]
-
-
-def example_norm_histogram(batches: list[tuple[np.ndarray, np.ndarray]], edges: np.ndarray,
-                           num_samples: int) -> np.ndarray:
+def example_norm_histogram(norms: np.ndarray | None, edges: np.ndarray) -> np.ndarray:
     """ADPC's per-client histogram of pre-clipping per-example gradient norms, *before* noise.
 
-    ``batches`` holds, per DP release of the round, the batch's indices into the client's training set
-    and their norms. An example that appears k times in the round adds 1/k at each appearance, so it
-    contributes total mass ≤ 1 spread over at most k cells: adding or removing one example changes the
-    histogram by at most 1 in L1, hence in L2 (sensitivity 1, whatever the batches of the others).
+    ``norms`` holds one norm per example of the client (the pre-round norm pass at the round's starting
+    model, :func:`raysim.training.example_norm_pass`); each adds 1 to its cell. Adding or removing one
+    example changes one cell by 1: sensitivity 1 in L1 and in L2. ``None`` (no norms) gives all zeros.
     Cells: underflow [0, edges[0]), the len(edges) − 1 bins (a norm equal to an inner edge goes to the
     upper bin), overflow [edges[-1], ∞).
     """
-    norms, weights = _appearance_weights(batches, num_samples)
-    cells = np.searchsorted(edges, norms, side="right")   # 0: underflow, len(edges): overflow
-    return np.bincount(cells, weights=weights, minlength=len(edges) + 1).astype(np.float64)
+    arr = np.zeros(0) if norms is None else np.asarray(norms, dtype=np.float64).ravel()
+    cells = np.searchsorted(edges, arr, side="right")   # 0: underflow, len(edges): overflow
+    return np.bincount(cells, minlength=len(edges) + 1).astype(np.float64)
 
 
 def histogram_quantile(counts: np.ndarray, edges: np.ndarray, quantile: float) -> float:
@@ -133,16 +117,14 @@ def normalized_lr_scale(c0: float, clip_norm: float) -> float:
     return float(c0 / clip_norm)
 
 
-def weighted_quantile(batches: list[tuple[np.ndarray, np.ndarray]], num_samples: int, quantile: float) -> float:
-    """The exact ``quantile`` of a round's per-example norms with the histogram's 1/k weights (the
-    true value the private histogram estimates; a simulation diagnostic, never uploaded). NaN if empty."""
-    norms, weights = _appearance_weights(batches, num_samples)
-    if norms.size == 0:
+def norm_quantile(norms: np.ndarray | None, quantile: float) -> float:
+    """The exact ``quantile`` of a client's per-example norms (the lower order statistic: the true value
+    the private histogram estimates; a simulation diagnostic, never uploaded). NaN if there are none."""
+    arr = np.zeros(0) if norms is None else np.sort(np.asarray(norms, dtype=np.float64).ravel())
+    if arr.size == 0:
         return float("nan")
-    order = np.argsort(norms, kind="stable")
-    cum = np.cumsum(weights[order])
-    pos = int(np.searchsorted(cum, quantile * cum[-1], side="left"))
-    return float(norms[order][min(pos, norms.size - 1)])
+    pos = int(np.searchsorted(np.arange(1, arr.size + 1), quantile * arr.size, side="left"))
+    return float(arr[min(pos, arr.size - 1)])
 
 
 def update_norm_per_step(delta_norm: float, lr: float, num_steps: int) -> float:

@@ -7,8 +7,9 @@ FedAvg weights), bit for bit. The paper's ablation names are presets of the swit
 
 * LLDM: the client model gets the 1x1 channel reduction and the top-k gradient sparsifier.
 * ADPC: C^(t+1) = max(median_i S_i^(t), C_min), optionally smoothed. The default statistic (R)
-  ``example_norm_median`` is each client's quantile of its pre-clipping per-example gradient norms,
-  read from a histogram that the client noises itself (a Gaussian release of sensitivity 1 per round,
+  ``example_norm_median`` is each client's quantile of its per-example gradient norms at the round's
+  starting model (the pre-round norm pass over all its examples, weight 1 each), read from a
+  histogram that the client noises itself (a Gaussian release of sensitivity 1 per round,
   composed into its ledger); ``adpc.read=pooled`` (R) instead reads one quantile from the cohort's
   histograms summed. ``adpc.step=normalized`` (R) scales the local lr by C^(0)/C^(t). Both are
   post-processing of the same releases. The literal update-norm statistics are kept as options; they are
@@ -30,7 +31,7 @@ import torch
 from raysim.algorithms.base import Aggregate, MethodContext, MethodSpec, Server, weighted_sum
 from raysim.algorithms.clip_rules import (
     adpc_next_clip, denoise_update_norm, example_norm_histogram, histogram_edges, histogram_quantile,
-    normalized_lr_scale, pooled_histogram_quantile, update_norm_per_step, weighted_quantile,
+    norm_quantile, normalized_lr_scale, pooled_histogram_quantile, update_norm_per_step,
 )
 from raysim.algorithms.cra_math import cra_weights
 from raysim.algorithms.registry import register
@@ -153,13 +154,13 @@ def adpc_edges(cfg: Config) -> np.ndarray:
 def _noisy_norm_histogram(ctx: UploadContext) -> np.ndarray:
     """The client's release: its round's norm histogram plus N(0, σ_h²) in every cell, noised here,
     from the client's own stream ``(seed, "adpc-histogram-noise", round, client)``, before upload."""
-    counts = example_norm_histogram(ctx.example_norms or [], adpc_edges(ctx.cfg), ctx.num_samples)
+    counts = example_norm_histogram(ctx.example_norms, adpc_edges(ctx.cfg))
     noise = ctx.rng("adpc-histogram-noise").normal(0.0, ctx.cfg.adpc.histogram_noise_multiplier, counts.shape)
     return counts + noise
 
 
 def _true_example_norm_quantile(ctx: UploadContext) -> float:
-    return weighted_quantile(ctx.example_norms or [], ctx.num_samples, ctx.cfg.adpc.quantile)
+    return norm_quantile(ctx.example_norms, ctx.cfg.adpc.quantile)
 
 
 def _local_val_f1(ctx: UploadContext) -> float:

@@ -7,15 +7,17 @@ them into b̄ and sets C^(t+1) = C^(t)·exp(−η_c·(b̄ − γ)) (``quantile.e
 
 Which norms b_i tracks is ``quantile.norm_source`` (R):
 
-* ``per_example`` (default): b_i = the fraction of client i's examples in this round whose gradient
-  norm was ≤ C^(t) (1 − ``frac_clipped``). Andrew et al. track the quantile of the *unclipped* update
-  norm; in record-level DP-SGD the unclipped quantity is the per-example gradient, so this is their
-  estimator applied to it. b_i is computed from private data, so the *client* adds N(0, σ_b²)
-  (σ_b = ``quantile.noise_multiplier``) from its own stream ``(seed, "quantile-noise", round, client)``
-  before upload: a Gaussian mechanism of sensitivity 1 (b_i ∈ [0, 1]) composed into its ledger. With
-  σ_b = 0 the bit is uploaded as is and reported as not covered by ε. (Andrew et al. noise the sum on
-  a trusted server; raysim's server is honest but curious, so each client noises its own b_i and the
-  noise of the mean b̄ is σ_b/√N.)
+* ``per_example`` (default): b_i = the fraction of client i's examples whose gradient norm at the
+  round's starting model is ≤ C^(t), from the pre-round norm pass over all n_i examples
+  (:func:`raysim.training.example_norm_pass`), which is independent of the round's DP-SGD sampling
+  and noise. Andrew et al. track the quantile of the *unclipped* update norm; in record-level DP-SGD
+  the unclipped quantity is the per-example gradient, so this is their estimator applied to it.
+  b_i is computed from private data, so the *client* adds N(0, σ_b²) (σ_b =
+  ``quantile.noise_multiplier``) from its own stream ``(seed, "quantile-noise", round, client)``
+  before upload: a Gaussian mechanism of sensitivity 1 (b_i ∈ [0, 1]) composed into its ledger
+  (docs/privacy.md). With σ_b = 0 the bit is uploaded as is and reported as not covered by ε.
+  (Andrew et al. noise the sum on a trusted server; raysim's server is honest but curious, so each
+  client noises its own b_i and the noise of the mean b̄ is σ_b/√N.)
 * ``update``: b_i = 1[s_i ≤ C^(t)] with s_i = ‖Δw_i‖/(η_l·τ_i), the update norm in per-step units as in
   ADPC, noised by the server from ``(seed, "quantile-noise", round)``. Post-processing of DP outputs
   (free), but degenerate in this setting: the clean part of s_i is
@@ -59,9 +61,11 @@ class QuantileParams:
 
 
 def _unclipped_fraction(ctx: UploadContext) -> float:
-    """b_i = 1 − frac_clipped, plus N(0, σ_b²) from the client's own stream when σ_b > 0."""
+    """b_i = the fraction of the client's examples whose gradient norm at the round's starting model is
+    ≤ C^(t) (the pre-round norm pass), plus N(0, σ_b²) from the client's own stream when σ_b > 0."""
     sigma = ctx.cfg.quantile.noise_multiplier
-    b = 1.0 - ctx.frac_clipped
+    norms = ctx.example_norms
+    b = float(np.mean(norms <= ctx.task.clip_norm)) if norms is not None and norms.size else 0.0
     return float(b + sigma * ctx.rng("quantile-noise").standard_normal()) if sigma > 0 else float(b)
 
 
@@ -71,7 +75,7 @@ def quantile_uploads(cfg: Config) -> tuple[Upload, ...]:
     sigma = cfg.quantile.noise_multiplier
     release = Release("gaussian", sigma) if sigma > 0 else Release("not_covered")
     return (Upload("unclipped_fraction", "b_i, fraction of the round's examples with gradient norm <= C",
-                   _unclipped_fraction, release),)
+                   _unclipped_fraction, release, needs_example_norms=True),)
 
 
 class QuantileClipServer(Server):

@@ -17,7 +17,7 @@ import pkgutil
 from typing import TYPE_CHECKING, Any
 
 from raysim.config import (Config, ConfigError, add_section_loader, config_from_dict, config_to_dict,
-                           register_section, set_section_use, unregister_section)
+                           register_section, set_preset_resolver, set_section_use, unregister_section)
 
 if TYPE_CHECKING:
     from raysim.algorithms.base import MethodSpec
@@ -108,5 +108,12 @@ def section_in_use(cfg: Config, name: str) -> bool:
     return name in spec.params and spec.uses_section(resolve_preset(cfg), name)
 
 
+def _resolved(cfg: Config) -> Config:
+    """``cfg`` with its presets resolved; a config that names no single registered method as it is."""
+    load_methods()
+    return resolve_preset(cfg) if isinstance(cfg.method, str) and cfg.method in _METHODS else cfg
+
+
 add_section_loader(load_methods)
 set_section_use(section_in_use)
+set_preset_resolver(_resolved)

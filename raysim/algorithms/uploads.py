@@ -54,9 +54,9 @@ class Release:
 class UploadContext:
     """What a client's upload functions may read after local training (on the client).
 
-    ``example_norms`` holds, for each DP release of the round, the indices of the batch's examples (into
-    the client's training set) and their pre-clipping per-example gradient norms; ``None`` in modes
-    without per-example norms (batch clipping, no DP).
+    ``example_norms`` holds the pre-clipping gradient norm of every example of the client at the round's
+    starting model (the pre-round norm pass, :func:`raysim.training.example_norm_pass`), computed
+    only when an upload declares ``needs_example_norms``; else ``None``.
     """
 
     cfg: Any
@@ -70,7 +70,7 @@ class UploadContext:
     val_y: torch.Tensor
     num_classes: int
     layer_slices: tuple[tuple[int, int], ...]
-    example_norms: list[tuple[np.ndarray, np.ndarray]] | None
+    example_norms: np.ndarray | None
     rng: Callable[[str], np.random.Generator]   # the client's keyed stream for a purpose, this round
 
 
@@ -87,7 +87,7 @@ class Upload:
     compute: Callable[[UploadContext], Any]
     release: Release
     columns: tuple[str, ...] = field(default=())
-    needs_example_norms: bool = False  # the client must record per-example norms during training
+    needs_example_norms: bool = False  # the client runs the pre-round norm pass before training
 
 
 def gaussian_uploads(uploads: Sequence[Upload]) -> list[Upload]:

@@ -72,6 +72,10 @@ class GradSampleEngine(Protocol):
         ``ClippedGrads.grads`` are those tensors."""
         ...
 
+    def example_norms(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """(B,) pre-clipping per-example gradient norms of the CE loss, nothing else computed."""
+        ...
+
 
 ENGINES: dict[str, type] = {}
 
@@ -204,6 +208,14 @@ class BookKeepingEngine:
         returned sum has l2 norm ≤ C (or ≤ C_k per layer), so adding or removing one example
         moves the sum by at most C (sqrt(Σ C_k²)). The norms and counts are *not* private.
         """
+        return self._run(model, x, y, clip_norm, per_layer, scale, out, norms_only=False)
+
+    def example_norms(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The per-example norms of :meth:`clipped_sum` (the same bits), without the clipped sum."""
+        return self._run(model, x, y, 1.0, False, 1.0, None, norms_only=True).per_example_norms
+
+    def _run(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, clip_norm: float | Sequence[float],
+             per_layer: bool, scale: float, out: list[torch.Tensor] | None, *, norms_only: bool) -> ClippedGrads:
         layers = parametrised_layers(model)
         names = {id(m): n for n, m in model.named_modules()}
         check_supported(layers, names)
@@ -263,6 +275,9 @@ class BookKeepingEngine:
                 if lap is not None:
                     lap(f"norms {names.get(id(layer))}")
             per_layer_norms = torch.stack([s.sq_norm for s in stats], dim=1).clamp(min=0).sqrt()
+            if norms_only:
+                return ClippedGrads(grads=[], per_example_norms=per_layer_norms.pow(2).sum(1).sqrt(),
+                                    num_clipped=0, loss_sum=float(loss_sum.detach()), per_layer_norms=per_layer_norms)
             factors, num_clipped = clip_factors(per_layer_norms, clip_norm, per_layer)
             if scale != 1.0:
                 factors = factors * scale
@@ -297,6 +312,14 @@ class VmapEngine:
                     clip_norm: float | Sequence[float], *, per_layer: bool = False,
                     scale: float = 1.0, out: list[torch.Tensor] | None = None) -> ClippedGrads:
         """Same contract as :meth:`BookKeepingEngine.clipped_sum` (same privacy statement)."""
+        return self._run(model, x, y, clip_norm, per_layer, scale, out)
+
+    def example_norms(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The per-example norms of :meth:`clipped_sum`."""
+        return self._run(model, x, y, 1.0, False, 1.0, None).per_example_norms
+
+    def _run(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, clip_norm: float | Sequence[float],
+             per_layer: bool, scale: float, out: list[torch.Tensor] | None) -> ClippedGrads:
         from torch.func import functional_call, grad_and_value, vmap
 
         groups = layer_param_indices(model)

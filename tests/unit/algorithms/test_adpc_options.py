@@ -30,7 +30,7 @@ def _client_histograms(rng, sizes, centres):
     hists, norms = [], []
     for n, c in zip(sizes, centres):
         x = np.exp(rng.normal(math.log(c), 0.8, n))
-        hists.append(example_norm_histogram([(np.arange(n), x)], EDGES, n))
+        hists.append(example_norm_histogram(x, EDGES))
         norms.append(x)
     return hists, np.concatenate(norms)
 

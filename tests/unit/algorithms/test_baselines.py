@@ -145,12 +145,17 @@ def test_quantile_clip_update_through_the_server():
     assert agg.round_logs["next_clip_norm"] == pytest.approx(expected)
     assert server.clip_norm(2) == pytest.approx(expected)
 
-    # With noise, each *client* adds σ_b z_i to its own b_i, z_i from its (seed, "quantile-noise", round, client)
+    # The client's b_i is the fraction of its pre-round norms (one per example, at the round's starting
+    # model) that are <= C^(t), whatever its DP-SGD steps clipped (frac_clipped is not read). With noise,
+    # each *client* adds σ_b z_i to its own b_i, z_i from its (seed, "quantile-noise", round, client)
     # stream, before upload; the server only averages.
     (upload,) = quantile_uploads(_cfg(num_clients=4, seed=3, quantile={"noise_multiplier": 2.0}))
+    assert upload.needs_example_norms
     noisy_b = []
     for i, f in enumerate(fracs):
-        ctx = SimpleNamespace(cfg=_cfg(seed=3, quantile={"noise_multiplier": 2.0}), frac_clipped=f,
+        norms = np.where(np.arange(10) < round(10 * f), 2.5, 1.5)     # C = 2: a fraction f above it
+        ctx = SimpleNamespace(cfg=_cfg(seed=3, quantile={"noise_multiplier": 2.0}), frac_clipped=0.123,
+                              example_norms=norms, task=SimpleNamespace(clip_norm=2.0),
                               rng=lambda purpose, i=i: np_generator(3, purpose, 1, i))
         noisy_b.append(upload.compute(ctx))
     z = [np_generator(3, "quantile-noise", 1, i).standard_normal() for i in range(4)]

@@ -69,3 +69,16 @@ def test_result_hash_covers_every_key_that_changes_results_and_no_other():
         off = {"feddimdp": {next(iter(change)): False}}
         assert (result_hash(config_from_dict({"rounds": 3, "method": "feddimdp", **off, **change}))
                 == result_hash(config_from_dict({"rounds": 3, "method": "feddimdp", **off})))
+
+
+def test_a_preset_method_has_one_run_id_before_and_after_its_switches_are_resolved():
+    """Sweeps and tunes find a run's row by the id of the config they planned (preset unresolved); the run
+    writes it under the id of the config it ran (resolved). The two must agree, or a completed run reruns."""
+    from raysim.algorithms.registry import all_methods, resolve_preset
+    from raysim.config import run_id_for
+    presets = [spec.name for spec in all_methods() if spec.preset]
+    assert presets
+    for name in presets:
+        cfg = config_from_dict({"method": name, "privacy": {"epsilon": 8.0}})
+        assert resolve_preset(cfg) != cfg
+        assert run_id_for(cfg) == run_id_for(resolve_preset(cfg)), name

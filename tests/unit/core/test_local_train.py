@@ -12,7 +12,7 @@ from raysim.algorithms.base import ClientHooks
 from raysim.config import config_from_dict
 from raysim.messages import ClientTask, RoundPayload
 from raysim.privacy.grad_sample import make_engine
-from raysim.training import local_train, sample_rate, steps_per_epoch
+from raysim.training import example_norm_pass, local_train, sample_rate, steps_per_epoch
 
 N, FEATURES, CLASSES = 50, 6, 3
 
@@ -28,14 +28,16 @@ def _model():
 
 
 def _train(clipping: str, clip: float = 1.0, sigma: float = 1.0, epochs: int = 2, seed: int = 0,
-           record: bool = False):
+           norm_pass: bool = False):
     cfg = config_from_dict({"batch_size": 16, "lr": 0.1, "local_epochs": epochs, "seed": seed})
     model = _model()
     w = torch.cat([p.detach().flatten() for p in model.parameters()])
     hooks = ClientHooks(cfg, RoundPayload(1, w, w), ClientTask(3, 1, clip, sigma if clipping != "none" else 0.0))
     x, y = _data()
+    if norm_pass:
+        assert example_norm_pass(model, x, y, engine=make_engine("bk"), batch_size=16).shape == (N,)
     stats = local_train(model, x, y, hooks, clipping=clipping, engine=make_engine("bk"), per_layer=False,
-                        seed=seed, client_id=3, record_example_norms=record)
+                        seed=seed, client_id=3)
     return stats, torch.cat([p.detach().flatten() for p in model.parameters()])
 
 
@@ -60,13 +62,10 @@ def test_a_tiny_clip_clips_every_example_and_a_huge_one_none():
     assert tiny.frac_clipped == 1.0 and huge.frac_clipped == 0.0
 
 
-def test_example_norms_are_recorded_only_when_asked_and_only_per_sample():
-    stats, _ = _train("per_sample", record=True)
-    assert stats.example_norms is not None and len(stats.example_norms) == stats.num_steps
-    for idx, norms in stats.example_norms:
-        assert idx.shape == norms.shape and (idx < N).all() and (norms >= 0).all()
-    assert _train("per_sample")[0].example_norms is None
-    assert _train("batch", record=True)[0].example_norms is None
+def test_the_pre_round_norm_pass_leaves_training_bit_for_bit_unchanged():
+    """The pass draws no randomness and changes no weight, so the DP-SGD steps after it are the same."""
+    for mode in ("per_sample", "batch"):
+        assert torch.equal(_train(mode)[1], _train(mode, norm_pass=True)[1]), mode
 
 
 def test_without_dp_every_example_is_seen_once_per_epoch():

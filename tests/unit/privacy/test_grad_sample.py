@@ -394,3 +394,27 @@ def test_thread_count_changes_only_the_last_bits():
     worst = max(float((a - b).abs().max()) for a, b in zip(one, two))
     assert worst <= 1e-6, worst
     print(f"largest difference between 1 and 2 threads: {worst:.2e}")
+
+
+# --------------------------------------------------------------------------- the pre-round norm pass
+
+@pytest.mark.parametrize("name", sorted(ENGINES))
+def test_norm_pass_gives_every_examples_norm_and_leaves_the_model_and_global_rng_alone(name):
+    from raysim.training import NORM_PASS_CHUNK, example_norm_pass
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 5), nn.ReLU(), nn.Linear(5, 3)).double()
+    n = NORM_PASS_CHUNK + 7                       # two chunks
+    x, y = torch.randn(n, 12, dtype=torch.float64), torch.randint(0, 3, (n,))
+    before = [p.detach().clone() for p in model.parameters()]
+    state = torch.get_rng_state()
+    engine = make_engine(name)
+    got = example_norm_pass(model, x, y, engine=engine, batch_size=16)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    want = torch.stack([torch.cat([g.flatten() for g in grads]).norm()
+                        for grads in per_example_grads(model, x, y)]).numpy()
+    assert got.shape == (n,)
+    assert got == pytest.approx(want, rel=1e-6)
+    if name == "bk":   # the norms-only path gives the same bits as the clipped-sum path
+        assert torch.equal(engine.example_norms(model, x[:9], y[:9]),
+                           engine.clipped_sum(model, x[:9], y[:9], 1.0).per_example_norms)
