@@ -1,7 +1,7 @@
 """Memory and round time against the population size N, at a fixed cohort (clients_per_round).
 
     python experiments/bench/population.py --data-root <folder with cifar10/>            # CIFAR-10
-    python experiments/bench/population.py --dataset digits --sizes 100 1000             # offline
+    python experiments/bench/population.py --dataset digits --sizes 100 500              # offline
 
 Every (method, N) runs in a fresh subprocess (so peaks do not mix): a local Ray with the default
 actor pool (``runtime.num_actors`` unset: one actor per CPU), a ``Simulation`` in the subprocess

@@ -47,7 +47,7 @@ def test_every_column_is_logged(runs):
 
 
 def test_next_clip_is_max_of_median_of_private_medians_and_floor(tmp_path_factory):
-    rounds, clients = _run(tmp_path_factory, "feddimdp", rounds=3)
+    rounds, clients = _run(tmp_path_factory, "feddimdp", rounds=3, adpc__read="per_client")
     for t in (1, 2):
         m = clients.loc[clients["round"] == t, "example_norm_median"].to_numpy()
         expected = max(_median(m), 0.1)
@@ -61,6 +61,7 @@ def test_next_clip_is_max_of_median_of_private_medians_and_floor(tmp_path_factor
 
 @pytest.mark.parametrize("statistic", ["update_norm", "update_norm_per_step", "update_norm_denoised"])
 def test_literal_statistics(tmp_path_factory, statistic):
+    # adpc.read (pooled by default) reads histograms; one number per client is always read as the median
     rounds, clients = _run(tmp_path_factory, "feddimdp", adpc__statistic=statistic)
     g = clients[clients["round"] == 1]
     column = "update_norm_per_step" if statistic == "update_norm_per_step" else statistic

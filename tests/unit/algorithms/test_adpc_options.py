@@ -160,7 +160,6 @@ def test_one_local_step_scales_the_update_exactly_by_lr_scale(scale):
 @pytest.mark.parametrize("adpc, message", [
     ({"read": "mean"}, "config key 'adpc.read': unknown value 'mean'; choose one of per_client, pooled"),
     ({"step": "auto"}, "config key 'adpc.step': unknown value 'auto'; choose one of coupled, normalized"),
-    ({"read": "pooled", "statistic": "update_norm"}, "config key 'adpc.read': pooled sums the clients' norm histograms"),
 ])
 def test_new_keys_are_validated_in_one_line(adpc, message):
     with pytest.raises(ConfigError) as err:
