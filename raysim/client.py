@@ -128,4 +128,5 @@ class ClientRunner:
         return ClientResult(
             client_id=task.client_id, server_round=task.server_round, num_samples=len(y), num_steps=stats.num_steps,
             delta=delta, train_loss=stats.train_loss, frac_clipped=stats.frac_clipped, uploads=uploads,
-            diagnostics=diagnostics, client_state=new_state, seconds=time.perf_counter() - start)
+            diagnostics=diagnostics, client_state=new_state, seconds=time.perf_counter() - start,
+            device=self.device.type)

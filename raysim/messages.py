@@ -106,3 +106,4 @@ class ClientResult(_Wire):
     diagnostics: dict[str, float] = field(default_factory=dict)  # logged only; stripped before the server sees it
     client_state: dict[str, Any] | None = None
     seconds: float = 0.0
+    device: str = "cpu"               # where the client trained (its DP noise generator follows the device)

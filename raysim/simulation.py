@@ -193,6 +193,7 @@ class Simulation:
         self.server = self.spec.server(ctx)
         self.client_states = ClientStateStore(self.state_dir, keep_released=bool(cfg.runtime.checkpoint_every))
         self.completed_rounds = 0
+        self._client_device: str | None = None   # the device type the clients trained on (release_context)
         self._inflight: _Dispatched | None = None   # round t+1, submitted while round t is evaluated (run)
         self.setup = SetupRecord(data.partition_stats, count_parameters(self.model), self.clipping,
                                  [float(s) for s in self.sigmas], not_covered(self.spec, cfg, self.clipping))
@@ -268,13 +269,16 @@ class Simulation:
     def state(self) -> dict[str, Any]:
         """What a resumed run needs to continue bit for bit: every random stream is keyed by
         (seed, purpose, round, client), so no generator state is saved, only what was learned."""
-        return {"format_version": CHECKPOINT_FORMAT, "completed_rounds": self.completed_rounds,
+        return {"format_version": CHECKPOINT_FORMAT, "release": self.release_context(),
+                "completed_rounds": self.completed_rounds,
                 "weights": self.weights.clone(), "server": self.server.state_dict(),
                 "client_state_manifest": self.client_states.manifest(), **self.privacy.state()}
 
     def restore(self, blob: bytes) -> None:
         """Continue from a checkpoint written by :meth:`run` (rounds after it run next)."""
         state = load_checkpoint(blob)
+        self._resume_release = dict(state["release"])
+        self._check_release(self.release_context())
         self.completed_rounds = int(state["completed_rounds"])
         self.weights = state["weights"]
         self.server.load_state_dict(state["server"])
@@ -282,6 +286,23 @@ class Simulation:
         self.privacy.restore(state)
         self.setup.noise_multipliers = [float(s) for s in self.sigmas]
         self.setup.resumed_after = self.completed_rounds
+
+    def release_context(self) -> dict[str, Any]:
+        """What changes the bits a round releases besides the config's result keys: the clients' device
+        (the DP noise generator follows it; None until clients have reported) and the thread count."""
+        return {"client_device": self._client_device, "torch_threads": self.cfg.runtime.torch_threads}
+
+    def _check_release(self, now: dict[str, Any]) -> None:
+        """Refuse to redo checkpointed rounds under another release context: a redone round would be a
+        second, different release of data that the ledger counted once."""
+        saved = getattr(self, "_resume_release", None)
+        if not saved:
+            return
+        for key, value in now.items():
+            if value is not None and saved.get(key) is not None and saved[key] != value:
+                raise CheckpointError(f"this run was checkpointed with {key}={saved[key]} and resumes with "
+                                      f"{key}={value}, which would release its redone rounds with other noise; "
+                                      f"resume it with {key}={saved[key]}, or rerun with --restart")
 
     def round(self, t: int) -> RoundRecord:
         """Round ``t`` from start to end: train, aggregate, account, evaluate (:meth:`run` overlaps rounds)."""
@@ -308,6 +329,10 @@ class Simulation:
         self._inflight = None
         participants, tasks = sent.participants, sent.tasks
         results = self.executor.collect(sent.handle) if sent.handle is not None else []
+        if results:   # before anything of the round is aggregated or written
+            device = ",".join(sorted({r.device for r in results}))
+            self._check_release({"client_device": device})
+            self._client_device = device
         t1 = time.perf_counter()
         if [r.client_id for r in results] != participants:
             raise RuntimeError(f"round {t}: executor returned clients {[r.client_id for r in results]}, "

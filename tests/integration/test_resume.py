@@ -64,6 +64,33 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path, method):
     assert sink.read_checkpoint(run_id) is None          # a completed run keeps no checkpoint
 
 
+@pytest.mark.parametrize("key, saved", [("client_device", "cuda"), ("torch_threads", 2)])
+def test_a_resume_that_would_release_other_bits_is_refused_in_one_line(tmp_path, key, saved):
+    """A checkpoint records the clients' device and the thread count; redoing its unsaved rounds under
+    another one would be a second, different release of data the ledger counted once."""
+    import pickle
+
+    from raysim.simulation import CheckpointError
+    cfg = tiny_config(method="fedsa", rounds=3, privacy__noise_multiplier=1.0)
+
+    def stop(rec):
+        raise Stop
+
+    with pytest.raises(Stop):
+        execute(cfg, str(tmp_path), on_round=stop)
+    sink = ResultsSink(str(tmp_path))
+    run_id = read_table(str(tmp_path), "runs")["run_id"].item()
+    state = pickle.loads(sink.read_checkpoint(run_id))
+    assert state["release"] == {"client_device": "cpu", "torch_threads": 1}
+    state["release"][key] = saved                       # as if it had run elsewhere
+    sink.write_checkpoint(run_id, pickle.dumps(state))
+    with pytest.raises(CheckpointError, match=f"checkpointed with {key}={saved} and resumes with {key}=") as info:
+        execute(cfg, str(tmp_path))
+    assert "\n" not in str(info.value) and "--restart" in str(info.value)
+    assert sink.read_run(run_id)["status"] == "failed"   # the refusal is recorded, nothing was redone
+    assert len(read_table(str(tmp_path), "rounds")) == 1
+
+
 def test_restart_ignores_the_checkpoint(tmp_path):
     cfg = tiny_config(method="fedsa", rounds=3, privacy__noise_multiplier=1.0)
 
