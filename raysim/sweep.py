@@ -127,23 +127,30 @@ def _parse_grid(raw: Any) -> list[tuple[str, list[Any]]]:
     return grid
 
 
+def file_base(spec: Any, kind: str, keys: Sequence[str], base_dir: Path) -> dict[str, Any]:
+    """The checked top level of a ``kind`` file (sweep, tune) with only ``keys``, and its ``base``: a
+    config mapping, or a config file relative to ``base_dir``."""
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"{kind} file: expected a mapping at the top level")
+    unknown = sorted(set(spec) - set(keys))
+    if unknown:
+        raise ConfigError(f"{kind} key '{unknown[0]}': unknown key; valid keys: {', '.join(keys)}")
+    base = spec.get("base", {})
+    if isinstance(base, str):
+        return read_yaml(base_dir / base)
+    if base is None:
+        return {}
+    if not isinstance(base, Mapping):
+        raise ConfigError(f"{kind} key 'base': expected a config mapping or a path to a config file")
+    return dict(base)
+
+
 def expand_sweep(spec: Mapping[str, Any], *, name: str, base_dir: Path = Path("."),
                  overrides: Sequence[tuple[str, Any]] = ()) -> Sweep:
     """Expand a parsed sweep file into validated, de-duplicated configs (grid order, last key fastest)."""
     from raysim.config import run_id_for
-    if not isinstance(spec, Mapping):
-        raise ConfigError("sweep file: expected a mapping at the top level")
-    unknown = sorted(set(spec) - set(_SWEEP_KEYS))
-    if unknown:
-        raise ConfigError(f"sweep key '{unknown[0]}': unknown key; valid keys: {', '.join(_SWEEP_KEYS)}")
+    base = file_base(spec, "sweep", _SWEEP_KEYS, base_dir)
     name = str(spec.get("name") or name)
-    base = spec.get("base", {})
-    if isinstance(base, str):
-        base = read_yaml(base_dir / base)
-    elif base is None:
-        base = {}
-    elif not isinstance(base, Mapping):
-        raise ConfigError("sweep key 'base': expected a config mapping or a path to a config file")
     if isinstance(base.get("method"), list):
         raise ConfigError("sweep key 'base.method': give one method here and list several under grid.method")
     grid = _parse_grid(spec.get("grid"))

@@ -39,7 +39,7 @@ import numpy as np
 
 from raysim.config import (Config, ConfigError, apply_overrides, cli_overrides, config_from_dict, read_yaml,
                            run_id_for)
-from raysim.sweep import Sweep, sweep_id_for
+from raysim.sweep import Sweep, file_base, sweep_id_for
 
 __all__ = ["Contestant", "Candidate", "TuneSpec", "load_tune", "parse_tune", "candidates", "search_runs",
            "final_runs", "private_runs", "choose", "tuning_rows", "summarise", "mean_ci", "OBJECTIVES"]
@@ -180,16 +180,7 @@ def _contestants(raw: Any) -> tuple[Contestant, ...]:
 def parse_tune(spec: Mapping[str, Any], *, name: str, base_dir: Path = Path("."),
                overrides: Sequence[tuple[str, Any]] = ()) -> TuneSpec:
     """Validate a parsed tune file (``overrides``: ``--set`` pairs, applied to the base after ``set``)."""
-    if not isinstance(spec, Mapping):
-        raise ConfigError("tune file: expected a mapping at the top level")
-    unknown = sorted(set(spec) - set(_KEYS))
-    if unknown:
-        raise ConfigError(f"tune key '{unknown[0]}': unknown key; valid keys: {', '.join(_KEYS)}")
-    base = spec.get("base", {})
-    if isinstance(base, str):
-        base = read_yaml(base_dir / base)
-    if not isinstance(base, Mapping):
-        raise ConfigError("tune key 'base': expected a config mapping or a path to a config file")
+    base = file_base(spec, "tune", _KEYS, base_dir)
     sets = spec.get("set") or {}
     if not isinstance(sets, Mapping):
         raise ConfigError("tune key 'set': expected a mapping of dotted config keys")
