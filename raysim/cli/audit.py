@@ -13,7 +13,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("audit", help="empirical lower bound on ε from one run (Steinke et al. 2023)")
     p.add_argument("config", help="YAML config file (with method a list, the first method is audited)")
     add_run_options(p)
-    p.add_argument("--canaries", type=int, default=1000, metavar="M", help="gradient canaries (default 1000)")
+    p.add_argument("--canaries", type=int, default=10000, metavar="M", help="gradient canaries (default 10000)")
+    p.add_argument("--guess-fraction", type=float, default=0.1, metavar="F",
+                   help="guess the top and the bottom F of the canaries' scores (default 0.1; in (0, 0.5])")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=cmd_audit)
 
@@ -26,7 +28,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     cfg = config_from_dict(values)
     if cfg.privacy.epsilon is None and cfg.privacy.noise_multiplier is None:
         raise ConfigError("the audit needs privacy.epsilon or privacy.noise_multiplier")
-    result = run_audit(cfg, canaries=args.canaries)
+    result = run_audit(cfg, canaries=args.canaries, guess_fraction=args.guess_fraction)
     if args.json:
         print(json.dumps(result.as_dict()))
     else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from scipy import stats
 
 __all__ = ["audit_p_value", "epsilon_lower_bound"]
@@ -24,10 +25,10 @@ def audit_p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float
     accuracy = 1.0 / (1.0 + math.exp(-epsilon))     # ε-DP randomised response's accuracy
     tail = float(stats.binom.sf(v - 1, r, accuracy))  # P[Binomial(r, accuracy) >= v]
     # The δ term: the largest average, over i = 1..v, of P[v - i <= Binomial < v] / i, times 2mδ.
-    worst, below = 0.0, 0.0
-    for i in range(1, v + 1):
-        below += float(stats.binom.pmf(v - i, r, accuracy))
-        worst = max(worst, below / i)
+    worst = 0.0
+    if v > 0:
+        below = np.cumsum(stats.binom.pmf(np.arange(v - 1, -1, -1), r, accuracy))   # i = 1..v
+        worst = float(np.max(below / np.arange(1, v + 1)))
     return min(1.0, tail + 2.0 * m * delta * worst)
 
 

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from raysim.config import CLIPPING_MODES
-from raysim.privacy.grad_sample import GradSampleEngine, layer_param_indices, clip_factors
+from raysim.privacy.grad_sample import GradSampleEngine, SparseExamples, layer_param_indices, clip_factors
 
 __all__ = ["CLIPPING_MODES", "PrivateGrad", "privatize", "accounting_noise_multiplier", "total_sensitivity"]
 
@@ -123,7 +123,7 @@ def _layer_norms(grads: list[torch.Tensor], groups: list[list[int]]) -> torch.Te
 def privatize(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, mode: str,
               clip_norm: float | Sequence[float], noise_multiplier: float, expected_batch_size: int,
               generator: torch.Generator | None, engine: GradSampleEngine,
-              per_layer: bool = False, canaries: list[torch.Tensor] | None = None) -> PrivateGrad:
+              per_layer: bool = False, canaries: SparseExamples | None = None) -> PrivateGrad:
     """Gradient estimate for one local step under clipping ``mode`` (see the module docstring).
 
     Privacy assumptions: ``x, y`` is a Poisson-sampled batch (rate q = expected_batch_size / n)
@@ -135,7 +135,7 @@ def privatize(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, mode: str,
     touched; the caller steps with ``PrivateGrad.grads``.
 
     ``canaries`` (the privacy audit only, ``raysim.audit``): k extra examples of this batch given by
-    their unclipped gradients, one (k, *shape) tensor per parameter. In ``per_sample`` mode they go
+    their sparse unclipped gradients. In ``per_sample`` mode they go
     through the engine's per-example path with the batch (norms, clip factors, clipped sum), so a
     clipping bug lets them through; in ``batch`` mode they join the batch mean before it is clipped.
     """
@@ -160,9 +160,11 @@ def privatize(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, mode: str,
                            per_example_norms=res.per_example_norms)
 
     grads, loss_mean = _mean_gradient(model, x, y)
-    if canaries is not None and canaries[0].shape[0]:
-        total = batch + canaries[0].shape[0]
-        grads = [(g * batch + c.sum(0)) / total for g, c in zip(grads, canaries)]
+    if canaries is not None and len(canaries):
+        total = batch + len(canaries)
+        summed = [g * batch for g in grads]
+        canaries.add_to(summed, torch.ones(len(canaries), len(groups), dtype=canaries.values.dtype), groups)
+        grads = [g / total for g in summed]
     if mode == "none":
         return PrivateGrad(grads=grads, loss_mean=loss_mean, batch_size=batch, num_clipped=0, frac_clipped=0.0)
     with torch.no_grad():

@@ -37,7 +37,7 @@ from raysim.privacy.layer_grads import LayerStats, check_supported
 
 __all__ = [
     "ClippedGrads", "GradSampleEngine", "BookKeepingEngine", "VmapEngine", "ENGINES",
-    "register_engine", "make_engine", "parametrised_layers", "layer_param_indices", "layer_slices", "clip_factors",
+    "SparseExamples", "register_engine", "make_engine", "parametrised_layers", "layer_param_indices", "layer_slices", "clip_factors",
     "CLIP_EPS",
 ]
 
@@ -67,11 +67,11 @@ class GradSampleEngine(Protocol):
     def clipped_sum(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                     clip_norm: float | Sequence[float], *, per_layer: bool = False,
                     scale: float = 1.0, out: list[torch.Tensor] | None = None,
-                    extra: list[torch.Tensor] | None = None) -> ClippedGrads:
+                    extra: SparseExamples | None = None) -> ClippedGrads:
         """Per-example norms and ``scale · Σ_i c_i ∇ℓ_i`` of the summed CE loss; with ``out`` (one
         tensor per parameter, in its shape), that sum is added to ``out`` in place and
         ``ClippedGrads.grads`` are those tensors. ``extra`` (the privacy audit's canaries only): k more
-        examples given by their unclipped gradients, one (k, *shape) tensor per parameter; their
+        examples given by their sparse unclipped gradients (:class:`SparseExamples`); their
         per-layer norms join the batch's before the clip factors are computed, and their clipped
         gradients join the sum, exactly as the batch's examples do."""
         ...
@@ -184,33 +184,48 @@ def _empty_result(model: nn.Module, x: torch.Tensor, clip_norm, per_layer: bool,
                         per_layer_norms=torch.zeros(0, num_layers, dtype=dtype, device=x.device))
 
 
-def _extra_layer_norms(extra: list[torch.Tensor], groups: list[list[int]]) -> torch.Tensor:
-    """(k, K) per-layer norms of k extra examples given by their gradients (one (k, *shape) per parameter)."""
-    k = extra[0].shape[0]
-    sq = torch.zeros(k, len(groups), dtype=extra[0].dtype, device=extra[0].device)
-    for layer, ids in enumerate(groups):
-        for j in ids:
-            sq[:, layer] += extra[j].reshape(k, -1).pow(2).sum(1)
-    return sq.sqrt()
+@dataclass(frozen=True)
+class SparseExamples:
+    """k extra examples given by sparse unclipped gradients (the privacy audit's canaries): entry
+    (c, s) of example c is ``values[c, s]`` at flat position ``index[c, s]`` of parameter
+    ``param[c, s]`` (``model.parameters()`` order). Entries must not repeat a coordinate within a
+    parameter, so the clipped sum adds each coordinate once and its bits do not depend on order."""
 
+    param: torch.Tensor    # (k, s) int64
+    index: torch.Tensor    # (k, s) int64
+    values: torch.Tensor   # (k, s)
 
-def _add_extra(grads: list[torch.Tensor], extra: list[torch.Tensor], factors: torch.Tensor,
-               groups: list[list[int]]) -> None:
-    """grads += Σ_c factors[c, layer] · extra_c, layer by layer (the extra examples' clipped sum)."""
-    k = extra[0].shape[0]
-    for layer, ids in enumerate(groups):
-        for j in ids:
-            grads[j].add_((factors[:, layer].to(extra[j].dtype) @ extra[j].reshape(k, -1)).reshape(grads[j].shape))
+    def __len__(self) -> int:
+        return int(self.values.shape[0])
+
+    def _layers(self, groups: list[list[int]]) -> torch.Tensor:
+        layer_of = torch.zeros(1 + max(j for ids in groups for j in ids), dtype=torch.int64)
+        for layer, ids in enumerate(groups):
+            layer_of[ids] = layer
+        return layer_of[self.param]
+
+    def layer_norms(self, groups: list[list[int]]) -> torch.Tensor:
+        """(k, K) per-layer norms, K = len(groups)."""
+        sq = torch.zeros(len(self), len(groups), dtype=self.values.dtype, device=self.values.device)
+        return sq.scatter_add_(1, self._layers(groups), self.values.pow(2)).sqrt()
+
+    def add_to(self, grads: list[torch.Tensor], factors: torch.Tensor, groups: list[list[int]]) -> None:
+        """grads += Σ_c factors[c, layer] · g_c, layer by layer (the extra examples' clipped sum)."""
+        weighted = factors.to(self.values.dtype).gather(1, self._layers(groups)) * self.values
+        for j in torch.unique(self.param).tolist():
+            hit = self.param == j
+            where = torch.unravel_index(self.index[hit], grads[j].shape)
+            grads[j].index_put_(where, weighted[hit].to(grads[j].dtype), accumulate=True)
 
 
 def _empty_batch(model: nn.Module, x: torch.Tensor, clip_norm, per_layer: bool, scale: float,
-                 out: list[torch.Tensor] | None, extra: list[torch.Tensor] | None) -> ClippedGrads:
+                 out: list[torch.Tensor] | None, extra: SparseExamples | None) -> ClippedGrads:
     """An empty batch: nothing but the extra examples, if any, clipped like any example."""
     res = _empty_result(model, x, clip_norm, per_layer, out)
-    if extra is not None and extra[0].shape[0]:
+    if extra is not None and len(extra):
         groups = layer_param_indices(model)
-        factors, res.num_clipped = clip_factors(_extra_layer_norms(extra, groups), clip_norm, per_layer)
-        _add_extra(res.grads, extra, factors * scale, groups)
+        factors, res.num_clipped = clip_factors(extra.layer_norms(groups), clip_norm, per_layer)
+        extra.add_to(res.grads, factors * scale, groups)
     return res
 
 
@@ -235,7 +250,7 @@ class BookKeepingEngine:
     def clipped_sum(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                     clip_norm: float | Sequence[float], *, per_layer: bool = False,
                     scale: float = 1.0, out: list[torch.Tensor] | None = None,
-                    extra: list[torch.Tensor] | None = None) -> ClippedGrads:
+                    extra: SparseExamples | None = None) -> ClippedGrads:
         """Sum of per-example clipped gradients of ``cross_entropy(model(x), y, reduction='sum')``,
         times ``scale`` (folded into the clip factors), added to ``out`` when given.
 
@@ -251,7 +266,7 @@ class BookKeepingEngine:
 
     def _run(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, clip_norm: float | Sequence[float],
              per_layer: bool, scale: float, out: list[torch.Tensor] | None, *, norms_only: bool,
-             extra: list[torch.Tensor] | None = None) -> ClippedGrads:
+             extra: SparseExamples | None = None) -> ClippedGrads:
         layers = parametrised_layers(model)
         names = {id(m): n for n, m in model.named_modules()}
         check_supported(layers, names)
@@ -315,7 +330,7 @@ class BookKeepingEngine:
                 return ClippedGrads(grads=[], per_example_norms=per_layer_norms.pow(2).sum(1).sqrt(),
                                     num_clipped=0, loss_sum=float(loss_sum.detach()), per_layer_norms=per_layer_norms)
             groups = layer_param_indices(model) if extra is not None else []
-            every = per_layer_norms if extra is None else torch.cat([per_layer_norms, _extra_layer_norms(extra, groups)])
+            every = per_layer_norms if extra is None else torch.cat([per_layer_norms, extra.layer_norms(groups)])
             factors, num_clipped = clip_factors(every, clip_norm, per_layer)
             if scale != 1.0:
                 factors = factors * scale
@@ -336,7 +351,7 @@ class BookKeepingEngine:
             grads = [gr.detach() if gr is not None else torch.zeros_like(p) if out is None else out[j]
                      for j, (p, gr) in enumerate(zip(params, grads))]
             if extra is not None:
-                _add_extra(grads, extra, factors[batch:], groups)
+                extra.add_to(grads, factors[batch:], groups)
         return ClippedGrads(grads=grads, per_example_norms=per_layer_norms.pow(2).sum(1).sqrt(),
                             num_clipped=num_clipped, loss_sum=float(loss_sum.detach()),
                             per_layer_norms=per_layer_norms)
@@ -351,7 +366,7 @@ class VmapEngine:
     def clipped_sum(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                     clip_norm: float | Sequence[float], *, per_layer: bool = False,
                     scale: float = 1.0, out: list[torch.Tensor] | None = None,
-                    extra: list[torch.Tensor] | None = None) -> ClippedGrads:
+                    extra: SparseExamples | None = None) -> ClippedGrads:
         """Same contract as :meth:`BookKeepingEngine.clipped_sum` (same privacy statement)."""
         return self._run(model, x, y, clip_norm, per_layer, scale, out, extra)
 
@@ -361,7 +376,7 @@ class VmapEngine:
 
     def _run(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, clip_norm: float | Sequence[float],
              per_layer: bool, scale: float, out: list[torch.Tensor] | None,
-             extra: list[torch.Tensor] | None = None) -> ClippedGrads:
+             extra: SparseExamples | None = None) -> ClippedGrads:
         from torch.func import functional_call, grad_and_value, vmap
 
         groups = layer_param_indices(model)
@@ -391,7 +406,7 @@ class VmapEngine:
                     if names[j] in per_example:
                         sq[:, k] += per_example[names[j]].reshape(batch, -1).pow(2).sum(1)
             per_layer_norms = sq.sqrt()
-            every = per_layer_norms if extra is None else torch.cat([per_layer_norms, _extra_layer_norms(extra, groups)])
+            every = per_layer_norms if extra is None else torch.cat([per_layer_norms, extra.layer_norms(groups)])
             factors, num_clipped = clip_factors(every, clip_norm, per_layer)
             if scale != 1.0:
                 factors = factors * scale
@@ -406,6 +421,6 @@ class VmapEngine:
             if out is not None:
                 grads = [o.add_(g) for o, g in zip(out, grads)]
             if extra is not None:
-                _add_extra(grads, extra, factors[batch:], groups)
+                extra.add_to(grads, factors[batch:], groups)
         return ClippedGrads(grads=grads, per_example_norms=sq.sum(1).sqrt(), num_clipped=num_clipped,
                             loss_sum=float(losses.sum()), per_layer_norms=per_layer_norms)

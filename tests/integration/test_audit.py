@@ -7,7 +7,7 @@ import torch
 
 import raysim.privacy.clipping as clipping
 import raysim.privacy.grad_sample as grad_sample
-from raysim.audit import run_audit
+from raysim.audit import AuditError, run_audit
 from raysim.cli import main
 from raysim.config import apply_overrides, config_from_dict, read_yaml
 from tests.conftest import REPO
@@ -36,6 +36,18 @@ def largest_layer_unclipped(monkeypatch):
         factors = factors.clone()
         factors[:, _LARGEST[0]] = 1.0
         return factors, clipped
+
+    monkeypatch.setattr(grad_sample, "clip_factors", buggy)
+
+
+@pytest.fixture()
+def no_clipping(monkeypatch):
+    """Injected bug: every clip factor is 1, nothing is clipped (a fixture)."""
+    real = grad_sample.clip_factors
+
+    def buggy(per_layer_norms, clip_norm, per_layer=False):
+        factors, clipped = real(per_layer_norms, clip_norm, per_layer)
+        return torch.ones_like(factors), clipped
 
     monkeypatch.setattr(grad_sample, "clip_factors", buggy)
 
@@ -73,6 +85,18 @@ def test_one_layer_left_unclipped_exceeds_the_claim(largest_layer_unclipped):
     assert result.epsilon_lower_bound > 2.0, result
 
 
+def test_no_clipping_exceeds_the_claim(no_clipping):
+    # Unclipped DP-SGD diverges at the quickstart's lr 0.2 (below); at lr 0.05 it trains, and the
+    # canaries, let through at 10·C, are all found.
+    result = run_audit(_cfg(lr=0.05), canaries=500)
+    assert result.epsilon_lower_bound > 2.0 and result.correct == result.guesses, result
+
+
+def test_a_diverged_training_is_refused_not_scored(no_clipping):
+    with pytest.raises(AuditError, match=r"diverged in round \d+ \(non-finite parameters\)"):
+        run_audit(_cfg(), canaries=500)
+
+
 def test_without_noise_the_audit_exceeds_the_claim(no_noise):
     result = run_audit(_cfg(), canaries=500)   # 100 guesses, all right: ε_lb ≈ 3.5
     assert result.epsilon_lower_bound > 2.0 and result.correct == result.guesses
@@ -87,5 +111,9 @@ def test_batch_clipping_is_audited(no_noise):
 def test_cli_prints_the_bound_next_to_the_accounted_epsilon(capsys):
     assert main(["audit", str(QUICKSTART), "--set", "method=fedsa", "--set", "privacy.epsilon=2", "--canaries", "500"]) == 0
     out = capsys.readouterr().out
-    assert "ε_lb = " in out and "accounted ε = 2.000" in out and "ceiling 3.479" in out
+    assert "ε_lb = " in out and "accounted ε = 2.000" in out and "ceiling 3.479" in out and "/100 guesses" in out
+    assert main(["audit", str(QUICKSTART), "--set", "method=fedsa", "--set", "privacy.epsilon=2", "--canaries", "500",
+                 "--guess-fraction", "0.5"]) == 0
+    assert "/500 guesses" in capsys.readouterr().out
+    assert main(["audit", str(QUICKSTART), "--canaries", "500", "--guess-fraction", "0.7"]) == 2
     assert main(["audit", str(QUICKSTART), "--set", "privacy.epsilon=null", "--set", "method=fedavg"]) == 2

@@ -33,3 +33,12 @@ def test_chance_level_guessing_proves_nothing_and_the_bound_grows_with_correct_g
 def test_bad_counts_are_value_errors():
     with pytest.raises(ValueError):
         audit_p_value(10, 20, 5, 1.0, 1e-5)
+
+
+@pytest.mark.parametrize("v", [1, 37, 150])
+def test_delta_term_is_the_largest_average_of_the_lower_tail(v):
+    m, r, eps, delta = 1000, 200, 0.7, 1e-5
+    acc = 1 / (1 + math.exp(-eps))
+    worst = max(sum(stats.binom.pmf(v - j, r, acc) for j in range(1, i + 1)) / i for i in range(1, v + 1))
+    want = stats.binom.sf(v - 1, r, acc) + 2 * m * delta * worst
+    assert audit_p_value(m, r, v, eps, delta) == pytest.approx(want, rel=1e-10)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from raysim.models.cnn import build_model
 from raysim.privacy.clipping import CLIPPING_MODES, accounting_noise_multiplier, privatize
-from raysim.privacy.grad_sample import make_engine
+from raysim.privacy.grad_sample import SparseExamples, make_engine
 from raysim.rng import torch_generator
 
 
@@ -181,24 +181,49 @@ def test_per_sample_noise_does_not_depend_on_the_realised_batch_size(realised):
     assert float(noise.std()) == pytest.approx(sigma * clip / expected, rel=0.02)
 
 
+def _sparse_examples(params, k=3, entries=40):
+    """k random sparse gradients on disjoint coordinates, and the same as dense (k, *shape) tensors."""
+    gen = torch.Generator().manual_seed(3)
+    sizes = torch.tensor([p.numel() for p in params])
+    coords = torch.randperm(int(sizes.sum()), generator=gen)[:k * entries].view(k, entries)
+    owner = torch.bucketize(coords, sizes.cumsum(0), right=True)
+    sparse = SparseExamples(owner, coords - (sizes.cumsum(0) - sizes)[owner],
+                            torch.randn(k, entries, generator=gen, dtype=torch.float64))
+    dense = torch.zeros(k, int(sizes.sum()), dtype=torch.float64).scatter_(1, coords, sparse.values)
+    return sparse, [e.view(k, *p.shape) for e, p in zip(dense.split(sizes.tolist(), dim=1), params)]
+
+
 @pytest.mark.parametrize("engine", ["bk", "vmap"])
 def test_extra_examples_are_clipped_with_the_batch_through_the_engine(engine):
-    """The audit's canaries (``canaries``/``extra``): given by their gradients, clipped like examples."""
+    """The audit's canaries (``canaries``/``extra``): given by sparse gradients, clipped like examples."""
     model, x, y = _setup(batch=5)
     params = list(model.parameters())
-    gen = torch.Generator().manual_seed(3)
-    extra = [torch.randn(3, *p.shape, generator=gen, dtype=torch.float64) for p in params]
+    sparse, extra = _sparse_examples(params)
+    assert len(set(sparse.param.flatten().tolist())) > 1
     extra_norms = torch.stack([torch.cat([e[c].flatten() for e in extra]).norm() for c in range(3)])
     assert (extra_norms > 0.5).all()                                  # all three must be clipped
     want, _ = _per_example_clipped_sum(model, x, y, 0.5)
     for c in range(3):
         want = [w + e[c] * (0.5 / (float(extra_norms[c]) + 1e-6)) for w, e in zip(want, extra)]
     out = privatize(model, x, y, mode="per_sample", clip_norm=0.5, noise_multiplier=0.0, expected_batch_size=10,
-                    generator=None, engine=make_engine(engine), canaries=extra)
+                    generator=None, engine=make_engine(engine), canaries=sparse)
     for g, w in zip(out.grads, want):
         torch.testing.assert_close(g, w / 10, rtol=1e-5, atol=1e-9)
     empty = privatize(model, x[:0], y[:0], mode="per_sample", clip_norm=0.5, noise_multiplier=0.0,
-                      expected_batch_size=10, generator=None, engine=make_engine(engine), canaries=extra)
+                      expected_batch_size=10, generator=None, engine=make_engine(engine), canaries=sparse)
     only = [sum(e[c] * (0.5 / (float(extra_norms[c]) + 1e-6)) for c in range(3)) / 10 for e in extra]
     for g, w in zip(empty.grads, only):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-9)
+
+
+def test_batch_clipping_takes_the_extra_examples_into_the_mean_before_clipping():
+    model, x, y = _setup(batch=5)
+    params = list(model.parameters())
+    sparse, extra = _sparse_examples(params)
+    loss = F.cross_entropy(model(x), y, reduction="sum")
+    mean = [(g + e.sum(0)) / 8 for g, e in zip(torch.autograd.grad(loss, params), extra)]
+    norm = float(torch.cat([m.flatten() for m in mean]).norm())
+    out = privatize(model, x, y, mode="batch", clip_norm=0.5, noise_multiplier=0.0, expected_batch_size=10,
+                    generator=None, engine=make_engine("bk"), canaries=sparse)
+    for g, m in zip(out.grads, mean):
+        torch.testing.assert_close(g, m * min(1.0, 0.5 / (norm + 1e-6)), rtol=1e-6, atol=1e-12)
