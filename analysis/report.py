@@ -119,7 +119,7 @@ def _comparison(rows: list[dict], reference: str | None) -> pd.DataFrame:
 
 def _tuning_blocks(tuning: pd.DataFrame) -> list[_Block]:
     """Per tune: the tuned table beside the fixed one, the chosen values, and the tuning's privacy cost."""
-    from raysim.tune import summarise as summarise_tune
+    from raysim.tune import edge_choices, summarise as summarise_tune
     blocks: list[_Block] = [_Heading("Tuned comparisons (`raysim tune`)")]
     for tune_id, t in tuning.groupby("tune_id", sort=True):
         records = t.to_dict("records")
@@ -145,6 +145,9 @@ def _tuning_blocks(tuning: pd.DataFrame) -> list[_Block]:
             chosen["candidates searched"] = [int(n_cand[c]) for c in chosen["contestant"]]
             chosen["objective"] = [_fmt_float(v, "{:.4f}") for v in chosen["objective"]]
             blocks += [_Text("Chosen values (mean validation objective over the tuning seeds):"), _Table(chosen)]
+            edges = edge_choices(records)
+            if edges:
+                blocks.append(_Text("At the edge of the search space: " + "; ".join(edges) + "."))
             blocks.append(_Text(
                 f"Privacy: the ε of each run covers that run only; the tuning's privacy cost is not included (the "
                 f"field's common practice). {search[['contestant', 'candidate']].drop_duplicates().shape[0]} candidate "

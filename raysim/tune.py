@@ -484,6 +484,24 @@ def tuning_rows(tune: TuneSpec, tune_id: str, runs: Sequence[PlannedRun],
     return out
 
 
+def edge_choices(table: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per searched key whose chosen value is the smallest or largest of the (at least 3) values
+    searched for that contestant: the optimum may lie outside the space."""
+    search = [r for r in table if r["stage"] == "search"]
+    out = []
+    for label in dict.fromkeys(r["contestant"] for r in search):
+        mine = [json.loads(r["params"]) for r in search if r["contestant"] == label]
+        picked = next((json.loads(r["params"]) for r in search if r["contestant"] == label and r["chosen"]), None)
+        for key, value in sorted((picked or {}).items()):
+            seen = sorted({p[key] for p in mine if isinstance(p.get(key), (int, float))})
+            if len(seen) < 3 or not isinstance(value, (int, float)) or seen[0] < value < seen[-1]:
+                continue
+            end, side = ("smallest", "below") if value == seen[0] else ("largest", "above")
+            out.append(f"{label}: the chosen {key}={_fmt(value)} is the {end} of the {len(seen)} values searched; "
+                       f"the optimum may lie {side} it (widen the space)")
+    return out
+
+
 def _value(cfg: Config, dotted: str) -> Any:
     node: Any = cfg
     for part in dotted.split("."):

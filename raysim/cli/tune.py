@@ -114,7 +114,8 @@ def private_epsilons(tune: Any, runs: Sequence[Any], rows: Mapping[str, Mapping[
 def cmd_tune(args: argparse.Namespace) -> int:
     from raysim.results import ResultsSink
     from raysim.sweep import sweep_id_for
-    from raysim.tune import (choose, final_runs, load_tune, private_runs, released, search_runs, tuning_rows)
+    from raysim.tune import (choose, edge_choices, final_runs, load_tune, private_runs, released, search_runs,
+                             tuning_rows)
     check_sweep_options(args)
     tune = load_tune(args.tune, args.overrides, args.data_root, args.address)
     results_dir = args.results_dir if "://" in args.results_dir else os.path.abspath(args.results_dir)
@@ -152,6 +153,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
                      f"Tuned: each contestant at its best candidate on validation ({tune.objective} on the server "
                      f"hold-out), test {tune.objective} over final seeds {list(tune.final_seeds)}")
     print_comparison(tune, table, "fixed", "Fixed: every contestant at the base config's hyperparameters, same seeds")
+    edges = edge_choices(table)
+    if edges:
+        print("\nAt the edge of the search space:\n" + "\n".join(f"  {line}" for line in edges))
     print("\n" + privacy_statement(tune, table, runs[0].cfg.privacy.delta))
     print(f"\nResults (Parquet, tune_id {tune_id}): {results_dir}/tuning, /runs, /rounds, /clients")
     bad = [r for r in table if r["status"] not in ("completed", "diverged")]

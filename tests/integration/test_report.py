@@ -260,4 +260,5 @@ def test_report_shows_tuned_and_fixed_tables_chosen_values_privacy_cost_and_lr_p
     assert "+0.0500 [+0.0500, +0.0500]" in md         # feddimdp is 0.05 above fedsa on every seed
     assert "not included" in md and "6 candidate configurations" in md and "12 training runs" in md
     assert "lr=0.2" in md
+    assert "At the edge of the search space: fedsa: the chosen lr=0.2 is the largest of the 3 values" in md
     assert (tmp_path / "rep" / "figures" / "tuning_t-1.png").exists()

@@ -9,8 +9,8 @@ import pytest
 from scipy import stats
 
 from raysim.config import ConfigError
-from raysim.tune import (Candidate, candidates, choose, final_runs, mean_ci, parse_tune, search_runs, space_of,
-                         summarise, tuning_rows)
+from raysim.tune import (Candidate, candidates, choose, edge_choices, final_runs, mean_ci, parse_tune, search_runs,
+                         space_of, summarise, tuning_rows)
 
 BASE = {"rounds": 2, "num_clients": 4, "batch_size": 32, "lr": 0.1, "privacy": {"epsilon": 8.0},
         "data": {"name": "digits", "server_holdout": 100, "min_samples_per_client": 20},
@@ -175,3 +175,19 @@ def test_private_mode_refuses_spaces_that_change_the_privacy_plan_and_bad_counts
 def test_the_count_distribution_needs_private_mode():
     with pytest.raises(ConfigError, match="private: true"):
         spec(candidates={"distribution": "poisson", "mean": 2})
+
+
+def test_a_choice_at_the_edge_of_the_space_is_named():
+    import json
+
+    def row(label, lr, clip, chosen):
+        return {"stage": "search", "contestant": label, "params": json.dumps({"lr": lr, "privacy.clip_norm": clip}),
+                "chosen": chosen}
+    table = [row("a", lr, c, lr == 0.3 and c == 2) for lr in (0.01, 0.03, 0.1, 0.3) for c in (1, 2)]
+    table += [row("b", lr, 1, lr == 0.03) for lr in (0.01, 0.03, 0.1)]
+    table += [row("c", lr, 1, lr == 0.01) for lr in (0.01, 0.1)]                  # two values: no edge to speak of
+    table += [{**row("a", 0.3, 2, True), "stage": "final"}]
+    assert edge_choices(table) == [
+        "a: the chosen lr=0.3 is the largest of the 4 values searched; the optimum may lie above it (widen the space)"]
+    table[0]["chosen"], table[7]["chosen"] = True, False                              # a picks lr 0.01, C 1
+    assert [line.split(" is the ")[1][:8] for line in edge_choices(table)] == ["smallest"]
