@@ -202,7 +202,7 @@ class SparseExamples:
         layer_of = torch.zeros(1 + max(j for ids in groups for j in ids), dtype=torch.int64)
         for layer, ids in enumerate(groups):
             layer_of[ids] = layer
-        return layer_of[self.param]
+        return layer_of.to(self.param.device)[self.param]
 
     def layer_norms(self, groups: list[list[int]]) -> torch.Tensor:
         """(k, K) per-layer norms, K = len(groups)."""
@@ -211,11 +211,11 @@ class SparseExamples:
 
     def add_to(self, grads: list[torch.Tensor], factors: torch.Tensor, groups: list[list[int]]) -> None:
         """grads += Σ_c factors[c, layer] · g_c, layer by layer (the extra examples' clipped sum)."""
-        weighted = factors.to(self.values.dtype).gather(1, self._layers(groups)) * self.values
+        weighted = factors.to(self.values).gather(1, self._layers(groups)) * self.values
         for j in torch.unique(self.param).tolist():
             hit = self.param == j
-            where = torch.unravel_index(self.index[hit], grads[j].shape)
-            grads[j].index_put_(where, weighted[hit].to(grads[j].dtype), accumulate=True)
+            where = torch.unravel_index(self.index[hit].to(grads[j].device), grads[j].shape)
+            grads[j].index_put_(where, weighted[hit].to(grads[j]), accumulate=True)
 
 
 def _empty_batch(model: nn.Module, x: torch.Tensor, clip_norm, per_layer: bool, scale: float,
@@ -330,7 +330,7 @@ class BookKeepingEngine:
                 return ClippedGrads(grads=[], per_example_norms=per_layer_norms.pow(2).sum(1).sqrt(),
                                     num_clipped=0, loss_sum=float(loss_sum.detach()), per_layer_norms=per_layer_norms)
             groups = layer_param_indices(model) if extra is not None else []
-            every = per_layer_norms if extra is None else torch.cat([per_layer_norms, extra.layer_norms(groups)])
+            every = per_layer_norms if extra is None else torch.cat([per_layer_norms, extra.layer_norms(groups).to(per_layer_norms)])
             factors, num_clipped = clip_factors(every, clip_norm, per_layer)
             if scale != 1.0:
                 factors = factors * scale
@@ -406,7 +406,7 @@ class VmapEngine:
                     if names[j] in per_example:
                         sq[:, k] += per_example[names[j]].reshape(batch, -1).pow(2).sum(1)
             per_layer_norms = sq.sqrt()
-            every = per_layer_norms if extra is None else torch.cat([per_layer_norms, extra.layer_norms(groups)])
+            every = per_layer_norms if extra is None else torch.cat([per_layer_norms, extra.layer_norms(groups).to(per_layer_norms)])
             factors, num_clipped = clip_factors(every, clip_norm, per_layer)
             if scale != 1.0:
                 factors = factors * scale
