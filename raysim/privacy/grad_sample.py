@@ -36,8 +36,8 @@ from torch import nn
 from raysim.privacy.layer_grads import LayerStats, check_supported
 
 __all__ = [
-    "ClippedGrads", "GradSampleEngine", "BookKeepingEngine", "VmapEngine", "ENGINES",
-    "SparseExamples", "register_engine", "make_engine", "parametrised_layers", "layer_param_indices", "layer_slices", "clip_factors",
+    "ClippedGrads", "GradSampleEngine", "BookKeepingEngine", "VmapEngine", "ENGINES", "SparseExamples",
+    "register_engine", "make_engine", "parametrised_layers", "layer_param_indices", "layer_slices", "clip_factors",
     "CLIP_EPS",
 ]
 
