@@ -12,6 +12,7 @@ from raysim.simulation import CHECKPOINT_FORMAT, CheckpointError, load_checkpoin
 def test_a_checkpoint_of_another_format_is_refused_not_migrated():
     good = {"format_version": CHECKPOINT_FORMAT, "completed_rounds": 2}
     assert load_checkpoint(pickle.dumps(good)) == good
-    for blob in ({"completed_rounds": 2}, {"format_version": CHECKPOINT_FORMAT + 1, "completed_rounds": 2}, [1]):
+    older = {"format_version": 1, "completed_rounds": 2}          # no release context: cannot be guarded
+    for blob in ({"completed_rounds": 2}, older, {"format_version": CHECKPOINT_FORMAT + 1, "completed_rounds": 2}, [1]):
         with pytest.raises(CheckpointError, match="--restart"):
             load_checkpoint(pickle.dumps(blob))
