@@ -195,6 +195,7 @@ class Simulation:
         self.client_states = ClientStateStore(self.state_dir, keep_released=bool(cfg.runtime.checkpoint_every))
         self.completed_rounds = 0
         self._client_device: str | None = None   # the device type the clients trained on (release_context)
+        self._resume_release: dict[str, Any] = {}   # the release context of the checkpoint resumed from
         self._inflight: _Dispatched | None = None   # round t+1, submitted while round t is evaluated (run)
         self.setup = SetupRecord(data.partition_stats, count_parameters(self.model), self.clipping,
                                  [float(s) for s in self.sigmas], not_covered(self.spec, cfg, self.clipping))
@@ -296,9 +297,7 @@ class Simulation:
     def _check_release(self, now: dict[str, Any]) -> None:
         """Refuse to redo checkpointed rounds under another release context: a redone round would be a
         second, different release of data that the ledger counted once."""
-        saved = getattr(self, "_resume_release", None)
-        if not saved:
-            return
+        saved = self._resume_release
         for key, value in now.items():
             if value is not None and saved.get(key) is not None and saved[key] != value:
                 raise CheckpointError(f"this run was checkpointed with {key}={saved[key]} and resumes with "

@@ -224,9 +224,19 @@ def _empty_batch(model: nn.Module, x: torch.Tensor, clip_norm, per_layer: bool, 
     res = _empty_result(model, x, clip_norm, per_layer, out)
     if extra is not None and len(extra):
         groups = layer_param_indices(model)
-        factors, res.num_clipped = clip_factors(extra.layer_norms(groups), clip_norm, per_layer)
-        extra.add_to(res.grads, factors * scale, groups)
+        factors, res.num_clipped = _clip_factors_with(res.per_layer_norms, extra, groups, clip_norm, per_layer, scale)
+        extra.add_to(res.grads, factors, groups)
     return res
+
+
+def _clip_factors_with(norms: torch.Tensor, extra: SparseExamples | None, groups: list[list[int]],
+                       clip_norm: float | Sequence[float], per_layer: bool, scale: float) -> tuple[torch.Tensor, int]:
+    """:func:`clip_factors` times ``scale`` for the batch's examples (the rows of ``norms``), followed by
+    the rows of the ``extra`` examples, clipped by the same rule."""
+    if extra is not None:
+        norms = torch.cat([norms, extra.layer_norms(groups).to(norms)])
+    factors, num_clipped = clip_factors(norms, clip_norm, per_layer)
+    return (factors * scale if scale != 1.0 else factors), num_clipped
 
 
 def _channels_last(x: torch.Tensor) -> torch.Tensor:
@@ -330,10 +340,7 @@ class BookKeepingEngine:
                 return ClippedGrads(grads=[], per_example_norms=per_layer_norms.pow(2).sum(1).sqrt(),
                                     num_clipped=0, loss_sum=float(loss_sum.detach()), per_layer_norms=per_layer_norms)
             groups = layer_param_indices(model) if extra is not None else []
-            every = per_layer_norms if extra is None else torch.cat([per_layer_norms, extra.layer_norms(groups).to(per_layer_norms)])
-            factors, num_clipped = clip_factors(every, clip_norm, per_layer)
-            if scale != 1.0:
-                factors = factors * scale
+            factors, num_clipped = _clip_factors_with(per_layer_norms, extra, groups, clip_norm, per_layer, scale)
             if lap is not None:
                 lap("clip factors")
 
@@ -406,10 +413,7 @@ class VmapEngine:
                     if names[j] in per_example:
                         sq[:, k] += per_example[names[j]].reshape(batch, -1).pow(2).sum(1)
             per_layer_norms = sq.sqrt()
-            every = per_layer_norms if extra is None else torch.cat([per_layer_norms, extra.layer_norms(groups).to(per_layer_norms)])
-            factors, num_clipped = clip_factors(every, clip_norm, per_layer)
-            if scale != 1.0:
-                factors = factors * scale
+            factors, num_clipped = _clip_factors_with(per_layer_norms, extra, groups, clip_norm, per_layer, scale)
             layer_of = {j: k for k, ids in enumerate(groups) for j in ids}
             grads = []
             for j, (n, p) in enumerate(named.items()):

@@ -49,11 +49,17 @@ def _table(name: str, rows: Iterable[Mapping[str, Any]]) -> pa.Table:
     return pa.Table.from_pydict(columns, schema=schema)
 
 
-def check_results_dir(root: str) -> None:
-    """One-line error (ValueError) for a local ``--results-dir`` that exists and is not a folder."""
-    if "://" not in str(root) and os.path.exists(root) and not os.path.isdir(root):
-        raise ValueError(f"results folder {os.path.abspath(root)} is not a folder (a file of that name exists); "
+def _check_folder(fs: pafs.FileSystem, path: str, shown: str) -> None:
+    """One-line error (ValueError) when ``path`` exists on ``fs`` and is not a folder."""
+    if fs.get_file_info(path).type not in (pafs.FileType.Directory, pafs.FileType.NotFound):
+        raise ValueError(f"results folder {shown} is not a folder (a file of that name exists); "
                          f"pass another --results-dir")
+
+
+def check_results_dir(root: str) -> None:
+    """The check of :class:`ResultsSink` for a local ``--results-dir``, before any work starts."""
+    if "://" not in str(root):
+        _check_folder(pafs.LocalFileSystem(), os.path.abspath(root), os.path.abspath(root))
 
 
 class ResultsSink:
@@ -64,10 +70,7 @@ class ResultsSink:
         self.fs, self.root = pafs.FileSystem.from_uri(root) if "://" in str(root) else (pafs.LocalFileSystem(), str(root))
         if isinstance(self.fs, pafs.LocalFileSystem):
             self.root = self.uri = os.path.abspath(self.root)
-        info = self.fs.get_file_info(self.root)
-        if info.type not in (pafs.FileType.Directory, pafs.FileType.NotFound):
-            raise ValueError(f"results folder {self.uri} is not a folder (a file of that name exists); "
-                             f"pass another --results-dir")
+        _check_folder(self.fs, self.root, self.uri)
         try:
             for name in SCHEMAS:
                 self.fs.create_dir(posixpath.join(self.root, name), recursive=True)
