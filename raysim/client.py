@@ -12,7 +12,8 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from raysim.algorithms.registry import get_method
 from raysim.algorithms.uploads import UploadContext
-from raysim.config import Config
+from raysim.config import UPDATE_CLIPPING, Config
+from raysim.privacy import clipping
 from raysim.data import ArrayDataset, to_float_tensor
 from raysim.metrics import Evaluation, evaluate
 from raysim.models import model_for
@@ -109,24 +110,29 @@ class ClientRunner:
         norms = (example_norm_pass(model, x, y, engine=self.engine, batch_size=self.cfg.batch_size)
                  if any(u.needs_example_norms for u in self.uploads) else None)
         hooks = self.spec.client(self.cfg, payload, task)
-        stats = local_train(model, x, y, hooks, clipping=self.clipping, engine=self.engine,
+        client_level = self.clipping == UPDATE_CLIPPING   # local training without DP; the whole update clipped
+        stats = local_train(model, x, y, hooks, clipping="none" if client_level else self.clipping, engine=self.engine,
                             per_layer=self.spec.per_layer_clipping, seed=self.cfg.train_seed, client_id=task.client_id)
         params = list(model.parameters())
         new_state = hooks.finalize(params, stats.num_steps)
         with torch.no_grad():
             end = parameters_to_vector(params).detach().clone()
         delta = (end - payload.start_weights).cpu()
+        frac_clipped, update_norm = stats.frac_clipped, None
+        if client_level:
+            delta, update_norm = clipping.clip_update(delta, float(task.clip_norm))
+            frac_clipped = float(update_norm > float(task.clip_norm))
         new_state = to_device(new_state, torch.device("cpu"))
         ctx = UploadContext(cfg=self.cfg, task=task, model=model, delta=delta, num_samples=len(y),
-                            num_steps=stats.num_steps, frac_clipped=stats.frac_clipped, val_x=xv, val_y=yv,
+                            num_steps=stats.num_steps, frac_clipped=frac_clipped, val_x=xv, val_y=yv,
                             num_classes=self.info.num_classes, layer_slices=self.layer_slices,
-                            example_norms=norms,
+                            example_norms=norms, update_norm=update_norm,
                             rng=lambda purpose: np_generator(seed, purpose, server_round, cid))
         uploads, diagnostics = {}, {}
         for u in self.uploads:
             (diagnostics if u.release.kind == "diagnostic" else uploads)[u.name] = u.compute(ctx)
         return ClientResult(
             client_id=task.client_id, server_round=task.server_round, num_samples=len(y), num_steps=stats.num_steps,
-            delta=delta, train_loss=stats.train_loss, frac_clipped=stats.frac_clipped, uploads=uploads,
+            delta=delta, train_loss=stats.train_loss, frac_clipped=frac_clipped, uploads=uploads,
             diagnostics=diagnostics, client_state=new_state, seconds=time.perf_counter() - start,
             device=self.device.type)

@@ -24,13 +24,22 @@ import yaml
 
 __all__ = ["ConfigError", "Config", "register_section", "method_sections", "fail", "check_choice", "load_config", "config_from_dict", "apply_overrides", "config_to_dict",
            "config_hash", "parse_override", "run_id_for", "result_hash", "CLIPPING_MODES", "PARTICIPATION_MODES",
-           "MODEL_NAMES"]
+           "MODEL_NAMES", "PRIVACY_UNITS", "CLIENT_MECHANISMS"]
 
-#: ``participation`` modes (R): how a round's clients are drawn when ``clients_per_round`` is set.
-PARTICIPATION_MODES = ("uniform", "poisson")
+#: ``participation`` modes (R): how a round's clients are drawn when ``clients_per_round`` is set
+#: (``shuffle``: consecutive cohorts of one shuffled pass over the population after another).
+PARTICIPATION_MODES = ("uniform", "poisson", "shuffle")
+
+#: ``privacy.unit``: what a run's ε protects.
+PRIVACY_UNITS = ("example", "client")
+#: ``privacy.mechanism`` under ``privacy.unit=client``.
+CLIENT_MECHANISMS = ("gaussian", "tree")
 
 #: ``privacy.clipping`` modes once resolved (``auto`` resolves to one of them).
 CLIPPING_MODES = ("per_sample", "batch", "none")
+#: The resolved clipping of ``privacy.unit=client``: local training without DP, each client's whole update
+#: clipped to C, the server's noise on the cohort sum.
+UPDATE_CLIPPING = "update"
 #: Backbones of the top-level ``model`` key, built by ``raysim.models.model_for``.
 MODEL_NAMES = ("cnn", "resnet18_gn", "wrn16_4")
 
@@ -67,6 +76,11 @@ class PrivacyConfig:
     noise_multiplier: float | None = None  # σ; give σ or ε, not both
     accountant: str = "pld"            # pld | rdp
     engine: str = "bk"                 # per-sample gradient engine
+    unit: str = "example"              # what ε protects: example (one training example of one client, DP-SGD) |
+                                       # client (one whole client, DP-FedAvg: each update clipped, noised once)
+    mechanism: str = "gaussian"        # client unit: gaussian (noised cohort sum, sampled cohorts) | tree (DP-FTRL)
+    noise_cohort_size: int | None = None   # client unit: k' of a deployment the noise is sized for (with
+    population_size: int | None = None     # population_size N'); ε is then the deployment's
 
 
 @dataclass(frozen=True)
@@ -318,6 +332,7 @@ def validate(cfg: Config) -> Config:
         _fail("privacy.delta", f"must be in (0, 1), got {p.delta}")
     if not p.clip_norm > 0:
         _fail("privacy.clip_norm", f"must be > 0, got {p.clip_norm}")
+    _check_unit(cfg)
     _choice("runtime.executor", r.executor, ("ray", "serial"))
     _choice("runtime.eval_on", r.eval_on, ("auto", "driver", "actor"))
     if r.num_actors is not None and r.num_actors < 1:
@@ -341,6 +356,44 @@ def validate(cfg: Config) -> Config:
         if check is not None:
             check(cfg)
     return cfg
+
+
+def _check_unit(cfg: Config) -> None:
+    """The client-unit keys: only under ``privacy.unit=client``, and consistent with the cohorts."""
+    p = cfg.privacy
+    _choice("privacy.unit", p.unit, PRIVACY_UNITS)
+    _choice("privacy.mechanism", p.mechanism, CLIENT_MECHANISMS)
+    deployment = (p.noise_cohort_size, p.population_size)
+    if p.unit == "example":
+        if p.mechanism != "gaussian":
+            _fail("privacy.mechanism", f"{p.mechanism} needs privacy.unit=client (it protects whole clients)")
+        for key, value in zip(("noise_cohort_size", "population_size"), deployment):
+            if value is not None:
+                _fail(f"privacy.{key}", "sizes the noise of a client-level deployment; it needs privacy.unit=client")
+        if cfg.participation == "shuffle":
+            _fail("participation", "shuffle is DP-FTRL's cohort order; it needs privacy.unit=client and "
+                                   "privacy.mechanism=tree")
+        return
+    if (p.noise_cohort_size is None) != (p.population_size is None):
+        _fail("privacy.noise_cohort_size", "give privacy.noise_cohort_size and privacy.population_size together")
+    if p.noise_cohort_size is not None:
+        if not 1 <= p.noise_cohort_size <= p.population_size:
+            _fail("privacy.noise_cohort_size", f"must be in [1, privacy.population_size={p.population_size}], "
+                                               f"got {p.noise_cohort_size}")
+        if p.population_size < cfg.num_clients:
+            _fail("privacy.population_size", f"the deployment must be at least the simulated federation "
+                                             f"(num_clients={cfg.num_clients}), got {p.population_size}")
+        if p.mechanism == "tree":
+            _fail("privacy.noise_cohort_size", "noise sized for a deployment is for privacy.mechanism=gaussian")
+    if p.mechanism == "tree" and cfg.participation != "shuffle":
+        _fail("participation", "privacy.mechanism=tree (DP-FTRL) takes each client at most once per pass over "
+                               "a shuffled population: set participation=shuffle")
+    if p.mechanism == "gaussian" and cfg.participation == "shuffle":
+        _fail("participation", "shuffle has no amplification to account under privacy.mechanism=gaussian; "
+                               "use poisson or uniform, or privacy.mechanism=tree")
+    if p.clipping not in ("auto",):
+        _fail("privacy.clipping", f"privacy.unit=client clips each client's whole update to privacy.clip_norm; "
+                                  f"leave privacy.clipping at auto, got {p.clipping}")
 
 
 def config_from_dict(values: Mapping[str, Any]) -> Config:
@@ -437,6 +490,11 @@ def server_holdout_size(cfg: Config) -> int:
     return max(wanted, default=0)
 
 
+#: Privacy keys that enter a run's id only when set away from their default, so the ids of configs that
+#: do not use them stay what they were before the keys existed.
+_HASHED_UNLESS_DEFAULT = (("unit", "example"), ("mechanism", "gaussian"), ("noise_cohort_size", None),
+                          ("population_size", None))
+
 #: Runtime keys that change a run's results: the thread count moves sums in the last place (MKL splits
 #: small matmuls by it); every other runtime key only says where and how fast the run executes.
 RESULT_RUNTIME_KEYS = ("torch_threads",)
@@ -471,6 +529,9 @@ def result_hash(cfg: Config) -> str:
     d = dataclasses.replace(cfg.data, root=None, cache_dir=None, download=False, server_holdout=server_holdout_size(cfg))
     values = config_to_dict(cfg.replace(data=d))
     values["runtime"] = {key: values["runtime"][key] for key in RESULT_RUNTIME_KEYS}
+    for key, default in _HASHED_UNLESS_DEFAULT:
+        if values["privacy"].get(key) == default:
+            del values["privacy"][key]
     if _SECTION_IN_USE:
         for name, _ in cfg.sections:
             if not _SECTION_IN_USE[0](cfg, name):

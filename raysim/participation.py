@@ -10,9 +10,13 @@ after a resume, and the privacy plan can read each client's whole participation 
   each round independently of the others.
 * ``poisson``: each client independently with probability k/N per round; the cohort size varies and a
   round may have no participant (the simulation then leaves the global model and the server state
-  unchanged and logs the round with ``participants = 0``).
+  unchanged and logs the round with ``participants = 0``; under ``privacy.unit=client`` the server still
+  releases its noise).
+* ``shuffle`` (DP-FTRL, ``privacy.mechanism=tree``): passes over the population one after another, each
+  in its own random order (stream ``(seed, "participation-pass", pass)``), a round taking the next k
+  clients of the pass, so each client trains at most once per pass of ⌈N/k⌉ rounds.
 
-Privacy: the accountant treats the schedule as public and composes, for each client, exactly the
+Privacy (``privacy.unit=example``): the accountant treats the schedule as public and composes, for each client, exactly the
 rounds it takes part in; it claims no amplification by client sampling (the guarantee is per example
 of one client, docs/privacy.md, and a client's own rounds are known to the adversary).
 """
@@ -24,7 +28,12 @@ import numpy as np
 from raysim.config import Config
 from raysim.rng import np_generator
 
-__all__ = ["participation_schedule", "rounds_by_client", "is_full"]
+__all__ = ["participation_schedule", "rounds_by_client", "is_full", "rounds_per_pass"]
+
+
+def rounds_per_pass(cfg: Config) -> int:
+    """Rounds of one pass over the population under ``participation=shuffle`` (⌈N/k⌉)."""
+    return -(-cfg.num_clients // (cfg.clients_per_round or cfg.num_clients))
 
 
 def _round_cohort(cfg: Config, server_round: int) -> np.ndarray:
@@ -37,6 +46,11 @@ def _round_cohort(cfg: Config, server_round: int) -> np.ndarray:
         return np.sort(rng.choice(n, size=k, replace=False)).astype(np.int64)
     if cfg.participation == "poisson":
         return np.flatnonzero(rng.random(n) < k / n).astype(np.int64)
+    if cfg.participation == "shuffle":
+        per_pass = rounds_per_pass(cfg)
+        pass_index, slot = divmod(server_round - 1, per_pass)
+        order = np_generator(cfg.seed, "participation-pass", pass_index).permutation(n)
+        return np.sort(order[slot * k:(slot + 1) * k]).astype(np.int64)
     raise ValueError(f"unknown participation {cfg.participation!r}")
 
 

@@ -19,7 +19,7 @@ import math
 import pickle
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 import pandas as pd
@@ -37,9 +37,10 @@ from raysim.metrics import Evaluation, evaluate
 from raysim.models import count_parameters, init_parameters, model_for
 from raysim.participation import participation_schedule
 from raysim.privacy.accounting import PrivacyLedger
-from raysim.privacy.book import PrivacyBook, max_planned
+from raysim.privacy.book import PopulationBook, PrivacyBook, max_planned
 from raysim.privacy.grad_sample import layer_slices
 from raysim.privacy.plan import ParticipationPlan, not_covered, resolve_clipping
+from raysim.privacy.population import client_level_plan
 from raysim.results import rows
 from raysim.rng import torch_generator
 from raysim.run_data import prepare_run_data
@@ -182,7 +183,13 @@ class Simulation:
         self.steps = np.array([steps_per_epoch(int(k), cfg.batch_size) * cfg.local_epochs for k in n])
         # Public schedule, drawn up front from the seed (raysim.participation).
         self.schedule = participation_schedule(cfg)
-        self.privacy = PrivacyBook(self.spec, cfg, self.clipping, self.q, self.steps, self.schedule)
+        if cfg.privacy.unit == "client":
+            joint = any(u.release.kind == "joint" for u in self.spec.uploads(cfg))
+            client_level = client_level_plan(cfg, self.spec.server.sigma_schedule(cfg), adaptive_count=joint)
+            self.privacy: PrivacyBook | PopulationBook = PopulationBook(client_level, cfg.num_clients, self.schedule)
+        else:
+            client_level = None
+            self.privacy = PrivacyBook(self.spec, cfg, self.clipping, self.q, self.steps, self.schedule)
         self.full_participation = self.privacy.full_participation
         self.model = model_for(cfg, train.info, self.spec.model_options(cfg))
         init_parameters(self.model, torch_generator(cfg.train_seed, "model-init"))
@@ -190,15 +197,17 @@ class Simulation:
             self.weights = parameters_to_vector(self.model.parameters()).detach().clone()
         holdout_f1 = self._holdout_scorer(train.info) if self.val_x is not None else None
         ctx = MethodContext(cfg, self.clipping, int(self.weights.numel()), layer_slices(self.model), n, self.steps,
-                            self.privacy.sigmas, holdout_f1)
+                            self.privacy.sigmas, holdout_f1, client_level)
         self.server = self.spec.server(ctx)
         self.client_states = ClientStateStore(self.state_dir, keep_released=bool(cfg.runtime.checkpoint_every))
         self.completed_rounds = 0
         self._client_device: str | None = None   # the device type the clients trained on (release_context)
         self._resume_release: dict[str, Any] = {}   # the release context of the checkpoint resumed from
         self._inflight: _Dispatched | None = None   # round t+1, submitted while round t is evaluated (run)
+        #: the client-level audit only (``raysim.audit_clients``): canary clients' results joining round t's
+        self.extra_results: Callable[[int], list[ClientResult]] | None = None
         self.setup = SetupRecord(data.partition_stats, count_parameters(self.model), self.clipping,
-                                 [float(s) for s in self.sigmas], not_covered(self.spec, cfg, self.clipping))
+                                 self.privacy.setup_sigmas(), not_covered(self.spec, cfg, self.clipping))
 
     # --- the privacy bookkeeping (raysim.privacy.book), as the simulation's own attributes
     @property
@@ -261,12 +270,14 @@ class Simulation:
             yield record
 
     def rdp_epsilons(self) -> str | None:
-        """The pointwise maximum over clients of each client's RDP curve at
-        :data:`raysim.privacy.tuning.ORDERS` (from its ledger's events), as JSON; None without DP."""
+        """The run's RDP curve at :data:`raysim.privacy.tuning.ORDERS` as JSON: the pointwise maximum over
+        clients of each client's curve, or the population's under ``privacy.unit=client``; None without DP
+        (or for client-level cohorts whose events are not Poisson-sampled Gaussians)."""
         if self.clipping == "none":
             return None
-        from raysim.privacy.tuning import max_rdp_curve, rdp_to_json
-        return rdp_to_json(max_rdp_curve(ledger.events for ledger in self.ledgers.values()))
+        from raysim.privacy.tuning import rdp_to_json
+        curve = self.privacy.rdp_curve()
+        return None if curve is None else rdp_to_json(curve)
 
     def state(self) -> dict[str, Any]:
         """What a resumed run needs to continue bit for bit: every random stream is keyed by
@@ -286,7 +297,7 @@ class Simulation:
         self.server.load_state_dict(state["server"])
         self.client_states.load(state["client_state_manifest"])
         self.privacy.restore(state)
-        self.setup.noise_multipliers = [float(s) for s in self.sigmas]
+        self.setup.noise_multipliers = self.privacy.setup_sigmas()
         self.setup.resumed_after = self.completed_rounds
 
     def release_context(self) -> dict[str, Any]:
@@ -345,10 +356,13 @@ class Simulation:
                                    f"(clip norm {sent.clip})")
         for r in results:
             self.client_states.put(r.client_id, r.client_state, t)
+        if self.extra_results is not None:
+            results = results + self.extra_results(t)
         # A round without participants (possible with participation=poisson) leaves the global model and
-        # the server state as they are. Diagnostics are logged, never shown to the server.
+        # the server state as they are, except under privacy.unit=client, where the server's noised
+        # release is made whoever took part. Diagnostics are logged, never shown to the server.
         agg = (self.server.aggregate(t, self.weights, [dataclasses.replace(r, diagnostics={}) for r in results])
-               if results else None)
+               if results or self.cfg.privacy.unit == "client" else None)
         if agg is not None:
             self.weights = agg.global_weights
         t2 = time.perf_counter()

@@ -11,6 +11,9 @@ description; the rules below are the project's reconstruction.
   every aggregate's total weight in the trajectory tend to 1 (a low-pass filter of FedAvg's steps),
   at the price of a slow start: round 1 moves the model by (1 − μ)·Δ̄.
 
+Under ``privacy.unit=client`` the schedule scales the server's noise on the cohort sum instead, and
+the EMA runs over the noised means.
+
 Privacy: clients run DP-SGD with the round's σ_t (accounted round by round in the same ledger);
 the EMA only post-processes DP outputs.
 """
@@ -23,7 +26,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from raysim.algorithms.base import Aggregate, MethodContext, MethodSpec, Server, weighted_sum
+from raysim.algorithms.base import Aggregate, MethodContext, MethodSpec, Server, client_level_gaussian, weighted_sum
 from raysim.algorithms.registry import register
 from raysim.algorithms.server_math import decaying_sigma_schedule
 from raysim.config import Config, fail
@@ -45,12 +48,15 @@ class ACDNServer(Server):
 
     def aggregate(self, server_round: int, global_weights: torch.Tensor, results: Sequence[ClientResult]) -> Aggregate:
         mu = float(self.cfg.acdn.momentum)
-        weights = self.sample_weights(results)
-        mean = weighted_sum([r.delta.to(torch.float64) for r in results], weights)
+        if self.ctx.client_level is not None:
+            mean, logs = self.private_mean(server_round, results).to(torch.float64), self.uniform_logs(results)
+        else:
+            weights = self.sample_weights(results)
+            mean = weighted_sum([r.delta.to(torch.float64) for r in results], weights)
+            logs = [{"aggregation_weight": float(w)} for w in weights]
         if self.momentum is None:
             self.momentum = torch.zeros_like(mean)
         self.momentum = mu * self.momentum + (1.0 - mu) * mean
-        logs = [{"aggregation_weight": float(w)} for w in weights]
         new_weights = (global_weights.to(torch.float64) + self.momentum).to(global_weights.dtype)
         return Aggregate(new_weights, logs, {"noise_multiplier_scale": float(self.schedule[server_round - 1])})
 
@@ -72,5 +78,6 @@ class ACDNParams:
 DP_ACDN = register(MethodSpec(
     name="dp-acdn", summary="DP-ACDN (R): σ_t = σ_0·acdn.gamma^(t−1) calibrated to ε, server EMA of aggregates",
     source="paper's DP-ACDN baseline ('adaptive noise / communication denoising'); reconstructed (docs/methods.md)",
-    server=ACDNServer, private=True, params={"acdn": ACDNParams},
+    server=ACDNServer, private=True, params={"acdn": ACDNParams}, client_level=client_level_gaussian,
+    client_level_note="the decaying σ_t on the server's noise (σ_0 calibrated to ε), EMA of the noised means",
     round_columns=(("noise_multiplier_scale", "float64"),)))

@@ -78,4 +78,6 @@ AWDP_FL = register(MethodSpec(
     name="awdp-fl", summary="AWDP-FL (R): per-layer thresholds C_k = C·w_k, Σw_k² = 1, w_k ∝ EMA of layer update norms",
     source="paper's AWDP-FL baseline ('adaptive privacy weighting'); reconstructed (docs/methods.md)",
     server=AWDPServer, private=True, per_layer_clipping=True, uploads=awdp_uploads, params={"awdp": AWDPParams},
+    client_level=lambda cfg: "its per-layer thresholds clip per-example gradients in DP-SGD; under privacy.unit=client "
+                             "the whole update is clipped to one C",
     client_columns=(("layer_clip_norms", "string"),)))

@@ -22,6 +22,8 @@ from raysim.algorithms import flat
 from raysim.algorithms.uploads import Upload
 from raysim.config import Config
 from raysim.messages import ClientResult, ClientTask, RoundPayload
+from raysim.privacy.population import ClientLevelPlan, prefix_noise
+from raysim.rng import torch_generator
 
 
 class ClientStates(Protocol):
@@ -45,6 +47,9 @@ class MethodContext:
                                        # planned (NaN until then); always set for a round's participants
     #: macro-F1 of flat weights on the public server hold-out (``data.server_holdout``), or None without one
     holdout_f1: Callable[[torch.Tensor], float] | None = None
+    #: ``privacy.unit=client``: the population's noise plan (the server noises the cohort's clipped sum);
+    #: None under ``privacy.unit=example``
+    client_level: ClientLevelPlan | None = None
 
 
 @dataclass
@@ -71,6 +76,9 @@ class Server:
     def __init__(self, ctx: MethodContext) -> None:
         self.ctx = ctx
         self.cfg = ctx.cfg
+        if ctx.client_level is not None and ctx.client_level.mechanism == "tree":
+            self.tree_anchor: torch.Tensor | None = None   # DP-FTRL: the weights the current pass started from
+            self.tree_sum: torch.Tensor | None = None      # and the pass's exact sum of clipped updates so far
 
     # --- privacy plan (used before round 1 to calibrate σ, and every round) ---------------
     @classmethod
@@ -115,10 +123,53 @@ class Server:
         return n / n.sum()
 
     def aggregate(self, server_round: int, global_weights: torch.Tensor, results: Sequence[ClientResult]) -> Aggregate:
+        if self.ctx.client_level is not None:
+            if self.ctx.client_level.mechanism == "tree":
+                return Aggregate(self.tree_release(server_round, global_weights, results), self.uniform_logs(results))
+            return Aggregate(global_weights + self.private_mean(server_round, results), self.uniform_logs(results), {})
         weights = self.sample_weights(results)
         step = weighted_sum([r.delta for r in results], weights)
         logs = [{"aggregation_weight": float(w)} for w in weights]
         return Aggregate(global_weights + step, logs, {})
+
+    # --- privacy.unit=client ------------------------------------------------------------
+    def private_mean(self, server_round: int, results: Sequence[ClientResult]) -> torch.Tensor:
+        """The round's client-level release: (Σ_i clip_C(Δ_i) + N(0, σ_Δ²C²I)) / k, the updates clipped by
+        their clients, the noise drawn here from ``(seed, "server-dp-noise", round)`` and sized by the plan
+        (``MethodContext.client_level``; k the expected cohort size, also for a cohort that came out empty)."""
+        plan = self.ctx.client_level
+        if plan is None:
+            raise RuntimeError("private_mean is the client-level aggregate; this run is privacy.unit=example")
+        clip = self.clip_norm(server_round)
+        total = (flat.sum64([r.delta for r in results], [1.0] * len(results)) if results
+                 else torch.zeros(self.ctx.num_params, dtype=torch.float64))
+        std = plan.update_noise_std(server_round, float(clip))
+        gen = torch_generator(self.cfg.train_seed, "server-dp-noise", server_round)
+        noise = torch.empty(self.ctx.num_params, dtype=torch.float32).normal_(0.0, std, generator=gen)
+        return (total / plan.denominator + noise.double()).to(torch.float32)
+
+    def tree_release(self, server_round: int, global_weights: torch.Tensor,
+                     results: Sequence[ClientResult]) -> torch.Tensor:
+        """DP-FTRL (``privacy.mechanism=tree``): w_t = w_pass + (Σ_{s ≤ t in the pass} Σ_i clip_C(Δ_i,s) + Z_t)/k,
+        with Z_t the tree-aggregation noise of the pass's prefix t (:func:`raysim.privacy.population.prefix_noise`);
+        the tree restarts, and w_pass is reset to the current weights, at the start of every pass."""
+        plan = self.ctx.client_level
+        pass_index, slot = divmod(server_round - 1, plan.per_pass)
+        if slot == 0 or self.tree_anchor is None:
+            self.tree_anchor = global_weights.double().clone()
+            self.tree_sum = torch.zeros(self.ctx.num_params, dtype=torch.float64)
+        if results:
+            self.tree_sum = self.tree_sum + flat.sum64([r.delta for r in results], [1.0] * len(results))
+        std = plan.update_sigma * float(self.clip_norm(server_round))
+        noise = prefix_noise(self.cfg.train_seed, pass_index, slot + 1, std, self.ctx.num_params)
+        return (self.tree_anchor + (self.tree_sum + noise) / plan.denominator).to(torch.float32)
+
+    def uniform_logs(self, results: Sequence[ClientResult]) -> list[dict[str, float]]:
+        """Client-level aggregation weights: 1/k for every participant (weights by n_i would make the
+        sensitivity depend on private sizes)."""
+        plan = self.ctx.client_level
+        k = plan.denominator if plan is not None else len(results)
+        return [{"aggregation_weight": 1.0 / k} for _ in results]
 
 
 class ClientHooks:
@@ -173,6 +224,29 @@ def _every_section(cfg: Config, name: str) -> bool:
     return True
 
 
+def _as_given(cfg: Config) -> Config:
+    return cfg
+
+
+def _example_only(cfg: Config) -> str | None:
+    return "it is defined for record-level DP-SGD only"
+
+
+def client_level_any(cfg: Config) -> str | None:
+    """``MethodSpec.client_level`` of a method whose server steps by the plain mean update: it runs
+    under the client unit with either mechanism (tree aggregation releases prefix sums of the same sums)."""
+    return None
+
+
+def client_level_gaussian(cfg: Config) -> str | None:
+    """``MethodSpec.client_level`` of a method whose server rule needs each round's noised mean on its own
+    (momentum, adaptive C): the client unit's Gaussian mechanism, not tree aggregation."""
+    if cfg.privacy.mechanism == "tree":
+        return ("its server rule takes each round's noised mean, while privacy.mechanism=tree releases "
+                "prefix sums; use privacy.mechanism=gaussian")
+    return None
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     """A registered method: its server and client parts and what it needs from the run.
@@ -193,6 +267,12 @@ class MethodSpec:
 
     ``preset`` makes this name a preset of another method's switches (dotted config keys → values, e.g.
     FedDimDP's ablations).
+
+    ``resolve(cfg)`` fills in keys whose default depends on the run (e.g. on ``privacy.unit``).
+
+    ``client_level(cfg)`` says whether the run ``cfg`` can run under ``privacy.unit=client``: None when it
+    can, else the reason it cannot (one line, shown to the user); ``client_level_note`` says how the method
+    runs under that unit (``raysim methods``).
     """
 
     name: str
@@ -215,3 +295,13 @@ class MethodSpec:
     uses_section: Callable[[Config, str], bool] = _every_section
     client_columns: tuple[tuple[str, str], ...] = ()
     round_columns: tuple[tuple[str, str], ...] = ()
+    client_level: Callable[[Config], str | None] = _example_only
+    client_level_note: str = ""
+    #: fills in the method's keys left unset for the unit to decide (DP-FedSAM's ``sam.mode``); applied
+    #: with the presets (``raysim.algorithms.registry.resolve_preset``), so the run id sees the values used
+    resolve: Callable[[Config], Config] = _as_given
+
+    def units(self) -> tuple[str, ...]:
+        """The privacy units the method supports (``raysim methods``); a method that supports the client unit
+        says how it runs there (``client_level_note``)."""
+        return ("example", "client") if self.client_level_note else ("example",)

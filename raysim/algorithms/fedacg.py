@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from raysim.algorithms.base import Aggregate, MethodContext, MethodSpec, Server
+from raysim.algorithms.base import Aggregate, MethodContext, MethodSpec, Server, client_level_gaussian
 from raysim.algorithms.fedprox import ProximalHooks
 from raysim.algorithms.flat import sum64
 from raysim.algorithms.registry import register
@@ -49,10 +49,11 @@ class FedACGServer(Server):
         return RoundPayload(server_round, w_tilde, w_tilde, {})
 
     def aggregate(self, server_round: int, global_weights: torch.Tensor, results: Sequence[ClientResult]) -> Aggregate:
-        mean_delta = sum64([r.delta for r in results]).numpy()
+        mean_delta = (self.private_mean(server_round, results).double() if self.ctx.client_level is not None
+                      else sum64([r.delta for r in results])).numpy()
         w = global_weights.detach().to(torch.float64).cpu().numpy()
         new_w, self.momentum = fedacg_server_update(w, self.momentum, mean_delta, self.cfg.fedacg.lam)
-        logs = [{"aggregation_weight": 1.0 / len(results)} for _ in results]
+        logs = self.uniform_logs(results)
         return Aggregate(torch.from_numpy(new_w).to(global_weights.dtype), logs, {})
 
 
@@ -73,4 +74,6 @@ class FedACGParams:
 FEDACG = register(MethodSpec(
     name="fedacg", summary="FedACG: server momentum broadcast as a look-ahead, proximal local objective, DP-SGD",
     source="Kim et al., Communication-Efficient Federated Learning with Accelerated Client Gradient, CVPR 2024",
-    server=FedACGServer, client=FedACGHooks, private=True, params={"fedacg": FedACGParams}))
+    server=FedACGServer, client=FedACGHooks, private=True, params={"fedacg": FedACGParams},
+    client_level=client_level_gaussian,
+    client_level_note="look-ahead and momentum on the server's noised mean (post-processing)"))

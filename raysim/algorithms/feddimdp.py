@@ -188,6 +188,19 @@ def feddimdp_uploads(cfg: Config) -> tuple[Upload, ...]:
     return tuple(out)
 
 
+def _client_level(cfg: Config) -> str | None:
+    """LLDM is a model change and carries over; ADPC and CRA have no client-level form (docs/methods.md)."""
+    on = [name for name in ("adpc", "cra") if cfg.feddimdp.on(name)]
+    if cfg.privacy.mechanism == "tree":
+        return "its server rule takes each round's noised mean; use privacy.mechanism=gaussian"
+    if on:
+        return (f"{' and '.join(c.upper() for c in on)} {'need' if len(on) > 1 else 'needs'} per-client statistics "
+                f"at the server (ADPC a histogram of per-example gradient norms, CRA each client's utility and "
+                f"update norm) that have no sound client-level form here: set "
+                f"{' and '.join(f'feddimdp.{c}=false' for c in on)} (LLDM carries over)")
+    return None
+
+
 def feddimdp_validate(cfg: Config, clipping: str) -> None:
     if cfg.feddimdp.on("adpc") and cfg.adpc.statistic == "example_norm_median" and clipping == "batch":
         raise ConfigError("config key 'adpc.statistic': example_norm_median needs per-example gradient norms, which "
@@ -286,6 +299,9 @@ class FedDimDPServer(Server):
                            nominal_weight=res.nominal_weight[i], deviation=res.deviation[i],
                            deviation_normalized=res.deviation_normalized[i], robust_weight=res.robust_weight[i])
             new_weights = global_weights + step_size * weighted_sum([r.delta for r in results], weights)
+        elif self.ctx.client_level is not None:   # LLDM only (the client unit refuses ADPC and CRA)
+            weights = np.array([row["aggregation_weight"] for row in self.uniform_logs(results)])
+            new_weights = global_weights + self.private_mean(server_round, results)
         else:
             weights = self.sample_weights(results)
             new_weights = global_weights + weighted_sum([r.delta for r in results], weights)
@@ -335,7 +351,8 @@ def _feddimdp(name: str, summary: str, preset: dict[str, bool]) -> MethodSpec:
     return register(MethodSpec(name, summary, _SOURCE, FedDimDPServer, model_options=_model_options,
                                uploads=feddimdp_uploads, validate=feddimdp_validate, preset=preset,
                                preset_of="feddimdp" if preset else None, adaptive_clip=_uses_adpc, params=PARAMS,
-                               uses_section=_uses_section,
+                               uses_section=_uses_section, client_level=_client_level,
+                               client_level_note="LLDM only: feddimdp.adpc=false and feddimdp.cra=false",
                                client_columns=CLIENT_COLUMNS, round_columns=(("next_clip_norm", "float64"),)))
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from raysim.algorithms.base import ClientHooks, MethodSpec, Server
+from raysim.algorithms.base import ClientHooks, MethodSpec, Server, client_level_any
 from raysim.algorithms.flat import split_like
 from raysim.algorithms.registry import register
 from raysim.config import Config, fail
@@ -48,4 +48,5 @@ class FedProxParams:
 FEDPROX = register(MethodSpec(
     name="fedprox", summary="FedProx: local proximal term (fedprox.mu/2)‖w − w_g‖², FedAvg aggregation",
     source="Li et al., Federated Optimization in Heterogeneous Networks, MLSys 2020",
-    server=Server, client=ProximalHooks, private=False, params={"fedprox": FedProxParams}))
+    server=Server, client=ProximalHooks, private=False, params={"fedprox": FedProxParams},
+    client_level=client_level_any, client_level_note="the proximal local objective, then DP-FedAvg's release"))

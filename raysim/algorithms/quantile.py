@@ -1,4 +1,14 @@
-"""DP-FedAvg with adaptive quantile clipping (Andrew et al., NeurIPS 2021), record-level variant.
+"""DP-FedAvg with adaptive quantile clipping (Andrew et al., NeurIPS 2021).
+
+Under ``privacy.unit=client`` this is the method as published: local SGD without DP; client i
+clips its update to C^(t) and reports b_i = 1[‖Δ_i‖ ≤ C^(t)] (the norm before clipping); the server
+adds N(0, σ_b²) to Σ_i (b_i − 1/2) (sensitivity 1/2), σ_b = k/20, and sets
+b̄ = (Σ_i (b_i − 1/2) + noise)/k + 1/2, which is (Σ_i b_i + noise)/k when exactly k clients report;
+C^(t+1) = C^(t)·exp(−η_c(b̄ − γ)). The update noise σ_Δ satisfies (σ_Δ⁻² + (2σ_b)⁻²)^(−1/2) = σ, so the
+round's joint release is accounted as one Gaussian of multiplier σ (``raysim.privacy.population``).
+``quantile.noise_multiplier`` and ``quantile.norm_source`` are the record-level variant's keys.
+
+Under ``privacy.unit=example`` (a record-level variant):
 
 Clients run local DP-SGD (as FedSA) with the current clip norm C^(t), starting from
 ``privacy.clip_norm``. After each round every client contributes b_i ∈ [0, 1], the server averages
@@ -33,7 +43,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from raysim.algorithms.base import Aggregate, MethodContext, MethodSpec, Server
+from raysim.algorithms.base import Aggregate, MethodContext, MethodSpec, Server, client_level_gaussian
 from raysim.algorithms.registry import register
 from raysim.algorithms.server_math import noised_fraction_below, quantile_clip_update, update_norm_per_step
 from raysim.algorithms.uploads import Release, Upload, UploadContext
@@ -69,7 +79,15 @@ def _unclipped_fraction(ctx: UploadContext) -> float:
     return float(b + sigma * ctx.rng("quantile-noise").standard_normal()) if sigma > 0 else float(b)
 
 
+def _update_within_clip(ctx: UploadContext) -> float:
+    """b_i = 1[‖Δ_i‖ ≤ C^(t)] with the norm before clipping (client unit: the server noises the count)."""
+    return float(ctx.update_norm is not None and ctx.update_norm <= float(ctx.task.clip_norm))
+
+
 def quantile_uploads(cfg: Config) -> tuple[Upload, ...]:
+    if cfg.privacy.unit == "client":
+        return (Upload("update_within_clip", "b_i = 1[‖Δ_i‖ <= C^(t)], the update norm before clipping",
+                       _update_within_clip, Release("joint")),)
     if cfg.quantile.norm_source != "per_example":
         return ()
     sigma = cfg.quantile.noise_multiplier
@@ -89,6 +107,11 @@ class QuantileClipServer(Server):
     def unclipped_fraction(self, server_round: int, results: Sequence[ClientResult]) -> float:
         """b̄, the noised mean of the clients' b_i (see the module docstring)."""
         q = self.cfg.quantile
+        plan = self.ctx.client_level
+        if plan is not None:
+            rng = np_generator(self.cfg.train_seed, "quantile-noise", server_round)
+            centred = sum(float(r.uploads["update_within_clip"]) - 0.5 for r in results)
+            return centred / plan.denominator + plan.count_noise_std() * float(rng.standard_normal()) + 0.5
         if q.norm_source == "update":
             rng = np_generator(self.cfg.train_seed, "quantile-noise", server_round)
             s = np.array([update_norm_per_step(float(r.delta.norm()), self.cfg.lr, r.num_steps) for r in results])
@@ -109,5 +132,7 @@ DP_FEDAVG_ADAPTIVE = register(MethodSpec(
     summary="DP-FedAvg, adaptive clip C ← C·exp(−η_c(b̄ − γ)) towards a noised quantile (quantile.*)",
     source="Andrew et al., Differentially Private Learning with Adaptive Clipping, NeurIPS 2021",
     server=QuantileClipServer, private=True, uploads=quantile_uploads, adaptive_clip=lambda cfg: True,
+    client_level=client_level_gaussian,
+    client_level_note="as published: the noised count of unclipped updates (σ_b = k/20), one joint Gaussian",
     params={"quantile": QuantileParams},
     round_columns=(("next_clip_norm", "float64"), ("clipped_fraction_noisy", "float64"))))

@@ -74,7 +74,7 @@ def resolve_preset(cfg: Config) -> Config:
     """
     spec = get_method(cfg.method)
     if not spec.preset:
-        return cfg
+        return spec.resolve(cfg)
     values = config_to_dict(cfg)
     for key, wanted in spec.preset.items():
         node, leaf = _lookup(values, key)
@@ -82,7 +82,7 @@ def resolve_preset(cfg: Config) -> Config:
             raise ConfigError(f"config key '{key}': method {cfg.method!r} is the preset {key}={wanted}; "
                               f"use method {spec.preset_of!r} to choose the switches yourself")
         node[leaf] = wanted
-    return config_from_dict(values)
+    return spec.resolve(config_from_dict(values))
 
 
 def load_methods() -> None:

@@ -1,7 +1,14 @@
-"""DP-FedSAM (Shi et al., CVPR 2023): local sharpness-aware minimisation under DP-SGD (docs/methods.md).
+"""DP-FedSAM (Shi et al., CVPR 2023): local sharpness-aware minimisation (docs/methods.md).
 
-Each local step takes the privatised gradient at the perturbed point ŵ = w + ρ·g/‖g‖ and steps
-from w (``sam.rho`` = 0.05 (R) for this CNN). ``sam.mode`` (R) chooses where g comes from:
+Each local step takes the gradient at the perturbed point ŵ = w + ρ·g/‖g‖ and steps from w
+(``sam.rho`` = 0.05 (R) for this CNN). ``sam.mode`` chooses where g comes from; unset, it is
+``both`` under ``privacy.unit=client`` and ``previous`` under ``privacy.unit=example``:
+
+* under ``privacy.unit=client`` (the authors' own setting): local SAM without DP, g the gradient at w
+  on the step's batch (``both``), and the whole update clipped and noised once by the server, as for
+  every client-level method. ``previous`` is a cheaper variant there (one gradient per step).
+
+Under ``privacy.unit=example`` (a record-level reading of the method, R):
 
 * ``previous`` (default): g is the previous step's privatised gradient (no perturbation on a
   round's first step). One DP release per step; g is a DP output, so the perturbation is
@@ -73,7 +80,7 @@ class SAMHooks(ClientHooks):
 
 
 class SAMBothHooks(SAMHooks):
-    """``sam.mode = both``: two privatised gradients per step on the same Poisson batch."""
+    """``sam.mode = both``: two gradients per step on the same batch (privatised under the example unit)."""
 
     releases_per_step = 2
 
@@ -93,15 +100,30 @@ class SAMParams:
     """``sam.*``."""
 
     rho: float = 0.05                  # (R) perturbation radius for this CNN
-    mode: str = "previous"             # (R) previous (1 release/step) | both (2 releases/step)
+    mode: str | None = None            # previous (1 gradient, 1 release per step) | both (2 per step); null: both
+                                       # under privacy.unit=client (the published form), previous (R) otherwise
 
     def check(self, cfg: Config) -> None:
-        check_choice("sam.mode", self.mode, ("previous", "both"))
+        if self.mode is not None:
+            check_choice("sam.mode", self.mode, ("previous", "both"))
         if not self.rho >= 0:
             fail("sam.rho", f"must be >= 0, got {self.rho}")
+
+
+def _resolve_mode(cfg: Config) -> Config:
+    if cfg.sam.mode is not None:
+        return cfg
+    mode = "both" if cfg.privacy.unit == "client" else "previous"
+    return cfg.replace(sam=dataclasses.replace(cfg.sam, mode=mode))
+
+
+def _client_level(cfg: Config) -> str | None:
+    return None
 
 
 DP_FEDSAM = register(MethodSpec(
     name="dp-fedsam", summary="DP-FedSAM: local SAM (sam.rho, sam.mode) inside DP-SGD, FedAvg aggregation",
     source="Shi et al., Make Landscape Flatter in Differentially Private Federated Learning, CVPR 2023",
-    server=Server, client=SAMHooks, private=True, params={"sam": SAMParams}))
+    server=Server, client=SAMHooks, private=True, params={"sam": SAMParams}, resolve=_resolve_mode,
+    client_level=_client_level, client_level_note="the published form: local SAM without DP, the update clipped "
+                                                  "and noised by the server"))

@@ -29,6 +29,9 @@ from raysim.messages import ClientResult, ClientTask, RoundPayload
 
 CONTROL = "control"
 
+_CLIENT_LEVEL_REFUSAL = ("its control variate update c_i⁺ − c_i is a second upload computed from the client's data; "
+                         "it would have to be clipped and noised with Δ_i as one vector, which raysim does not do")
+
 
 class ScaffoldHooks(ClientHooks):
     def __init__(self, cfg: Config, payload: RoundPayload, task: ClientTask) -> None:
@@ -90,4 +93,4 @@ class ScaffoldServer(Server):
 SCAFFOLD = register(MethodSpec(
     name="scaffold", summary="SCAFFOLD (option II control variates), non-private unless privacy.epsilon is set",
     source="Karimireddy et al., SCAFFOLD: Stochastic Controlled Averaging for Federated Learning, ICML 2020",
-    server=ScaffoldServer, client=ScaffoldHooks, private=False))
+    server=ScaffoldServer, client=ScaffoldHooks, private=False, client_level=lambda cfg: _CLIENT_LEVEL_REFUSAL))

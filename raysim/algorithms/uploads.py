@@ -17,6 +17,9 @@ Release kinds (record-level DP of one client's local data, docs/privacy.md):
   report says so.
 * ``diagnostic``: logged by the simulation for analysis, never given to the server (the simulation
   strips it before aggregation); computed from private data, so listed as not covered too.
+* ``joint`` (``privacy.unit=client`` only): part of the round's one client-level release, summed over
+  the cohort and noised by the server together with the clipped updates, and accounted with them
+  (adaptive clipping's count, ``raysim.privacy.population``).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import torch
 
 __all__ = ["Release", "Upload", "UploadContext", "LOGGED_PRIVATE", "gaussian_uploads", "not_covered_text"]
 
-RELEASE_KINDS = ("gaussian", "post_processing", "not_covered", "diagnostic")
+RELEASE_KINDS = ("gaussian", "post_processing", "not_covered", "diagnostic", "joint")
 
 #: Values every run logs in the clients table that are computed from private data outside DP-SGD.
 LOGGED_PRIVATE = ("train_loss", "frac_clipped", "client_seconds")
@@ -71,6 +74,8 @@ class UploadContext:
     num_classes: int
     layer_slices: tuple[tuple[int, int], ...]
     example_norms: np.ndarray | None
+    #: ``privacy.unit=client``: the l2 norm of the client's update before it was clipped (private); else None
+    update_norm: float | None
     rng: Callable[[str], np.random.Generator]   # the client's keyed stream for a purpose, this round
 
 

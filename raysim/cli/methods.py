@@ -14,8 +14,15 @@ def cmd_methods(args: argparse.Namespace) -> int:
     from raysim.algorithms.registry import all_methods
     specs = all_methods()
     width = max(len(s.name) for s in specs)
+    units = {s.name: "+".join(s.units()) for s in specs}
+    unit_width = max(len(u) for u in units.values())
     for s in specs:
         kind = "DP " if s.private else "   "
-        print(f"{s.name:<{width}}  {kind} {s.summary}")
+        print(f"{s.name:<{width}}  {kind} {units[s.name]:<{unit_width}}  {s.summary}")
     print("\nDP = differentially private by default; the others take privacy.epsilon to become DP variants.")
+    print("example / client = the privacy units a method supports (privacy.unit). Under the client unit:")
+    from raysim.config import Config
+    for s in specs:
+        note = s.client_level_note if "client" in s.units() else f"refused: {s.client_level(Config())}"
+        print(f"  {s.name:<{width}}  {note}")
     return 0

@@ -72,6 +72,7 @@ __all__ = [
     "compute_epsilon",
     "compute_epsilon_steps",
     "calibrate_noise_multiplier",
+    "smallest_noise",
     "epsilon_many",
     "pld_discretization_interval",
 ]
@@ -337,6 +338,17 @@ def calibrate(events_for: Callable[[float], Sequence[StepEvent]], target_epsilon
     ``hint``, a sigma expected to be close (e.g. another client's), only speeds the search up."""
     return _smallest_feasible(lambda sigma: compute_epsilon(events_for(sigma), delta, accountant), target_epsilon,
                               tolerance, hint)
+
+
+def smallest_noise(epsilon: Callable[[float], float], target_epsilon: float, *, tolerance: float = 1e-4,
+                   hint: float | None = None) -> float:
+    """Smallest sigma with ``epsilon(sigma) <= target_epsilon`` (``epsilon`` decreasing in sigma), for
+    mechanisms whose epsilon is not a list of :class:`StepEvent` (client-level cohorts, tree aggregation).
+    The returned sigma's epsilon was computed and found within target."""
+    target = _as_float("target_epsilon", target_epsilon)
+    if not (target > 0.0 and math.isfinite(target)):
+        raise ValueError(f"target_epsilon must be finite and > 0, got {target_epsilon!r}")
+    return _smallest_feasible(epsilon, target, tolerance, hint)
 
 
 def _smallest_feasible(epsilon: Callable[[float], float], target: float, tol: float,

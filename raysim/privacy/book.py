@@ -1,5 +1,6 @@
 """A run's privacy bookkeeping on the server: the σ plan, the per-client ledgers and ε, and their
-checkpoint state.
+checkpoint state: per client under ``privacy.unit=example`` (:class:`PrivacyBook`), one for the
+population under ``privacy.unit=client`` (:class:`PopulationBook`).
 
 Full participation plans every client's σ_i for all T rounds before round 1. Under partial
 participation (``clients_per_round``) the schedule is public and drawn up front, so each client is
@@ -21,6 +22,7 @@ from raysim.messages import ClientTask
 from raysim.participation import is_full, rounds_by_client
 from raysim.privacy.accounting import PrivacyLedger, epsilon_many
 from raysim.privacy.plan import ParticipationPlan, accounting_factor, plan_noise, round_events, side_channels
+from raysim.privacy.population import ClientLevelPlan
 
 
 def max_planned(sigmas: np.ndarray) -> float:
@@ -86,6 +88,15 @@ class PrivacyBook:
         # Only the participants' ledgers changed; everyone else keeps the ε of an earlier round.
         self.epsilons[list(participants)] = epsilon_many([self.ledgers[cid] for cid in participants])
 
+    def rdp_curve(self) -> np.ndarray | None:
+        """The pointwise maximum over clients of each client's RDP curve at
+        :data:`raysim.privacy.tuning.ORDERS` (from its ledger's events)."""
+        from raysim.privacy.tuning import max_rdp_curve
+        return max_rdp_curve(ledger.events for ledger in self.ledgers.values())
+
+    def setup_sigmas(self) -> list[float]:
+        return [float(s) for s in self.sigmas]
+
     def state(self) -> dict[str, Any]:
         return {"ledgers": self.ledgers, "epsilons": self.epsilons.copy(), "noise_multipliers": self.sigmas.copy(),
                 "sigma_memo": dict(self.plan.memo) if self.plan is not None else {}}
@@ -97,3 +108,60 @@ class PrivacyBook:
         if self.plan is not None:
             self.plan.memo.update(state["sigma_memo"])
         self.max_sigma = max_planned(self.sigmas)
+
+
+class PopulationBook:
+    """``privacy.unit=client``: one ledger for the population (:mod:`raysim.privacy.population`).
+
+    Clients add no noise of their own (their σ_i is 0); the server noises each round's cohort sum, and
+    every round is a release, a round whose cohort came out empty included. Every client's ε is the
+    population's. The interface is :class:`PrivacyBook`'s, so the round loop does not tell them apart.
+    """
+
+    def __init__(self, plan: ClientLevelPlan, num_clients: int, schedule: Sequence[np.ndarray]) -> None:
+        self.client_level = plan
+        self.full_participation = is_full(schedule, num_clients)
+        self.plan: ParticipationPlan | None = None
+        self.sigmas = np.zeros(num_clients)
+        self.ledgers: dict[int, PrivacyLedger] = {}
+        self.epsilons = np.zeros(num_clients)
+        self.max_sigma = plan.sigma
+        self.rounds = 0
+        self.ledger_of_population = plan.new_ledger()
+
+    def plan_clients(self, client_ids: Sequence[int]) -> None:
+        return None
+
+    def ledger(self, client_id: int) -> PrivacyLedger:
+        raise ValueError("privacy.unit=client keeps one ledger for the population, none per client")
+
+    def record_round(self, tasks: Sequence[ClientTask], participants: Sequence[int]) -> None:
+        """Account one round of the population (with or without participants)."""
+        self.rounds += 1
+        plan = self.client_level
+        if self.ledger_of_population is not None:
+            self.ledger_of_population.record(plan.step_events(self.rounds)[-1])
+            epsilon = self.ledger_of_population.epsilon()
+        else:
+            epsilon = plan.epsilon(self.rounds)
+        self.epsilons[:] = epsilon
+
+    def rdp_curve(self) -> np.ndarray | None:
+        """The population's RDP curve at :data:`raysim.privacy.tuning.ORDERS` (Poisson or full cohorts;
+        None for the cohorts only the RDP accountant's own events describe)."""
+        if self.ledger_of_population is None:
+            return None
+        from raysim.privacy.tuning import rdp_curve
+        return rdp_curve(self.client_level.step_events(self.rounds))
+
+    def setup_sigmas(self) -> list[float]:
+        return [self.client_level.sigma]
+
+    def state(self) -> dict[str, Any]:
+        return {"population_rounds": self.rounds, "population_ledger": self.ledger_of_population,
+                "epsilons": self.epsilons.copy()}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.rounds = int(state["population_rounds"])
+        self.ledger_of_population = state["population_ledger"]
+        self.epsilons = np.array(state["epsilons"], dtype=np.float64)

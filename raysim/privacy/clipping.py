@@ -32,7 +32,8 @@ from torch import nn
 from raysim.config import CLIPPING_MODES
 from raysim.privacy.grad_sample import GradSampleEngine, SparseExamples, layer_param_indices, clip_factors
 
-__all__ = ["CLIPPING_MODES", "PrivateGrad", "privatize", "accounting_noise_multiplier", "total_sensitivity"]
+__all__ = ["CLIPPING_MODES", "PrivateGrad", "privatize", "accounting_noise_multiplier", "total_sensitivity",
+           "clip_update"]
 
 
 
@@ -177,3 +178,12 @@ def privatize(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, mode: str,
     num_clipped = batch if clipped else 0
     return PrivateGrad(grads=out, loss_mean=loss_mean, batch_size=batch, num_clipped=num_clipped,
                        frac_clipped=float(bool(clipped)) if batch else 0.0)
+
+
+def clip_update(delta: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor, float]:
+    """``privacy.unit=client``: a client's whole update scaled to l2 norm at most C (flat over all
+    parameters, norm in float64), and its norm before clipping (private: logged, never uploaded)."""
+    norm = float(delta.double().norm())
+    if norm <= clip_norm:
+        return delta, norm
+    return (delta.double() * (clip_norm / norm)).to(delta.dtype), norm

@@ -24,16 +24,25 @@ import numpy as np
 
 from raysim.algorithms.base import MethodSpec
 from raysim.algorithms.uploads import gaussian_uploads, not_covered_text
-from raysim.config import Config, ConfigError
+from raysim.config import UPDATE_CLIPPING, Config, ConfigError
 from raysim.privacy.accounting import gaussian_equivalent, StepEvent, calibrate_noise_multiplier, compute_epsilon
 from raysim.privacy.clipping import accounting_noise_multiplier
 
 
 def resolve_clipping(spec: MethodSpec, cfg: Config) -> str:
     """``privacy.clipping = auto``: DP methods use per_sample; non-private methods use per_sample
-    only when a privacy budget or σ is given, else none."""
+    only when a privacy budget or σ is given, else none. Under ``privacy.unit=client``: ``update`` (the
+    whole update clipped), for a method that supports that unit."""
     p = cfg.privacy
     dp_requested = p.epsilon is not None or p.noise_multiplier is not None
+    if p.unit == "client":
+        reason = spec.client_level(cfg)
+        if reason is not None:
+            raise ConfigError(f"method {spec.name!r} does not run under privacy.unit=client: {reason}")
+        if not dp_requested:
+            raise ConfigError("privacy.unit=client needs privacy.epsilon (target ε) or privacy.noise_multiplier (σ)")
+        spec.validate(cfg, UPDATE_CLIPPING)
+        return UPDATE_CLIPPING
     mode = p.clipping
     if mode == "auto":
         mode = "per_sample" if (spec.private or dp_requested) else "none"

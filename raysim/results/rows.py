@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from raysim.config import Config, config_to_dict, run_id_for
+from raysim.privacy.population import privacy_scope
 
 __all__ = ["run_row", "round_row", "client_rows", "code_version", "now"]
 
@@ -43,6 +44,7 @@ def run_row(cfg: Config, sweep_id: str | None, status: str) -> dict[str, Any]:
         "seed": cfg.seed, "num_clients": cfg.num_clients, "rounds": cfg.rounds,
         "config": json.dumps(config_to_dict(cfg), sort_keys=True), "status": status, "start_time": now(),
         "rounds_completed": 0, "delta": cfg.privacy.delta, "accountant": cfg.privacy.accountant,
+        **privacy_scope(cfg),
         "code_version": code_version(), "hostname": socket.gethostname(),
     }
 

@@ -24,6 +24,9 @@ RUNS = pa.schema([
     ("best_test_accuracy", F64), ("best_test_f1", F64),
     ("final_val_accuracy", F64), ("final_val_f1", F64),   # on the public server hold-out (null without one)
     ("epsilon", F64), ("delta", F64), ("noise_multiplier", F64),
+    ("privacy_unit", STR),     # what ε protects: example (one example of one client) | client (one whole client)
+    ("adjacency", STR),        # the neighbouring relation ε is for (client unit: implied by the cohorts)
+    ("epsilon_scope", STR),    # whose ε it is: each simulated client's, the population's, or a deployment's
     ("clipping", STR), ("accountant", STR), ("not_covered_by_epsilon", STR), ("num_params", I64),
     ("wall_seconds", F64), ("code_version", STR), ("hostname", STR),
     ("client_nodes", STR), ("writer_node", STR),   # Ray node ids: client actors (JSON list), row writer

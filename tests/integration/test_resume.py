@@ -39,9 +39,23 @@ class Stop(Exception):
     pass
 
 
-@pytest.mark.parametrize("method", ["feddimdp", "scaffold"])   # ADPC/CRA server state; per-client controls
-def test_interrupted_run_resumes_bit_for_bit(tmp_path, method):
-    cfg = tiny_config(method=method, rounds=4, privacy__noise_multiplier=1.0)
+#: Client-level runs: the population ledger, adaptive C with its noised count, the DP-FTRL tree's pass state.
+CLIENT_LEVEL = {
+    "fedavg-client": dict(method="fedavg", num_clients=8, clients_per_round=4, participation="poisson",
+                          privacy__unit="client", privacy__clip_norm=0.01),
+    "adaptive-client": dict(method="dp-fedavg-adaptive", num_clients=8, clients_per_round=4,
+                            participation="poisson", privacy__unit="client", privacy__clip_norm=0.01,
+                            privacy__noise_multiplier=0.3),   # below 2σ_b = 2k/20: the count's share
+    "tree-client": dict(method="fedavg", num_clients=8, clients_per_round=3, participation="shuffle",
+                        privacy__unit="client", privacy__mechanism="tree", privacy__accountant="rdp",
+                        privacy__clip_norm=0.01),
+}
+
+
+@pytest.mark.parametrize("method", ["feddimdp", "scaffold", *CLIENT_LEVEL])   # ADPC/CRA server state; per-client
+def test_interrupted_run_resumes_bit_for_bit(tmp_path, method):                # controls; client-level state
+    extra = CLIENT_LEVEL.get(method, {"method": method})
+    cfg = tiny_config(rounds=4, **{"privacy__noise_multiplier": 1.0, "data__min_samples_per_client": 10, **extra})
     execute(cfg, str(tmp_path / "whole"))
 
     def stop_after_2(rec):
@@ -105,11 +119,17 @@ def test_restart_ignores_the_checkpoint(tmp_path):
 
 
 @pytest.mark.cluster
-def test_sigkilled_raysim_run_on_ray_resumes_bit_for_bit(tmp_path):
+@pytest.mark.parametrize("sets", [["method=feddimdp"],
+                                  ["method=dp-fedavg-adaptive", "privacy.unit=client", "num_clients=30",
+                                   "clients_per_round=10", "participation=poisson", "data.min_samples_per_client=10"]],
+                         ids=["example", "client"])
+def test_sigkilled_raysim_run_on_ray_resumes_bit_for_bit(tmp_path, sets):
     """SIGKILL the `raysim run` process (Ray, 10 actors) after round 2, rerun it, compare."""
     common = [sys.executable, "-m", "raysim.cli", "run", str(REPO / "experiments" / "quickstart.yaml"),
-              "--set", "method=feddimdp", "--set", "rounds=4", "--set", "privacy.epsilon=null",
+              "--set", "rounds=4", "--set", "privacy.epsilon=null",
               "--set", "privacy.noise_multiplier=1.0", "--set", "runtime.num_actors=10"]
+    for item in sets:
+        common += ["--set", item]
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(REPO)}
     subprocess.run(common + ["--set", "runtime.executor=serial", "--results-dir", str(tmp_path / "whole")],
                    check=True, env=env, cwd=REPO, capture_output=True, timeout=600)

@@ -1,0 +1,236 @@
+"""Client-level DP (``privacy.unit=client``): the noise plan and the one ledger of the population.
+
+Adjacent federations differ by one whole client, with all its data. A round's release is the cohort's
+sum of clipped updates plus Gaussian noise, added once by the server (a trusted aggregator: central DP):
+``(Σ_{i∈S_t} clip_C(Δ_i) + N(0, σ²C²I)) / k``, with the fixed denominator k, the expected cohort size
+(docs/privacy.md, "Client-level DP"). Every client's ε is the population's, so there is one ledger.
+
+What each cohort implies for the accountant (dp-accounting does the maths):
+
+* ``participation=poisson`` (each client with probability q = k/N per round): T rounds of the
+  Poisson-subsampled Gaussian of multiplier σ under add/remove of one client (sensitivity C), PLD or RDP.
+* every client every round (``clients_per_round`` unset): the same with q = 1, a Gaussian per round.
+* ``participation=uniform`` (exactly k without replacement): dp-accounting's
+  ``SampledWithoutReplacementDpEvent``, which is defined under replace-one adjacency. Replacing one
+  client moves the clipped sum by up to 2C, so the accounted multiplier is σ/2. Its RDP accountant is
+  the only one that composes it (``privacy.accountant=rdp``).
+* ``privacy.mechanism=tree`` (DP-FTRL, ``participation=shuffle``): each pass over the shuffled population
+  is one tree whose every node gets N(0, σ²C²) and each client enters one leaf of it; a pass is
+  dp-accounting's ``SingleEpochTreeAggregationDpEvent`` (replace one client by a zero update, sensitivity
+  C), and passes compose (``SelfComposedDpEvent``). No amplification by sampling is claimed. RDP only.
+
+Noise sized for a deployment (``privacy.noise_cohort_size`` k', ``privacy.population_size`` N'): σ' is
+calibrated for the deployment's cohort (q' = k'/N'), and the simulated average carries the deployment
+average's noise σ'C/k'. The ε reported is then the deployment's, not the simulated federation's.
+
+Adaptive clipping (``dp-fedavg-adaptive``, Andrew et al. 2021): the server also adds N(0, σ_b²) to
+Σ_i (b_i − 1/2) (sensitivity 1/2 under add/remove), σ_b = k/20, and the update noise σ_Δ is chosen so
+that the joint release is one Gaussian of multiplier σ: (σ_Δ⁻² + (2σ_b)⁻²)^(−1/2) = σ.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import dp_accounting
+import numpy as np
+import torch
+from dp_accounting.rdp import rdp_privacy_accountant
+
+from raysim.config import Config, ConfigError
+from raysim.participation import rounds_per_pass
+from raysim.privacy.accounting import PrivacyLedger, StepEvent, compute_epsilon, smallest_noise
+from raysim.rng import torch_generator
+
+__all__ = ["ClientLevelPlan", "client_level_plan", "joint_update_sigma", "privacy_scope", "ADAPTIVE_COUNT_DIVISOR"]
+
+#: σ_b = k / ADAPTIVE_COUNT_DIVISOR (Andrew et al. 2021's choice, k the expected cohort size).
+ADAPTIVE_COUNT_DIVISOR = 20.0
+
+_RELATION = dp_accounting.NeighboringRelation
+
+
+def joint_update_sigma(sigma: float, count_noise_multiplier: float) -> float:
+    """σ_Δ with (σ_Δ⁻² + σ_c⁻²)^(−1/2) = σ, σ_c the count's noise multiplier (2σ_b for sensitivity 1/2)."""
+    if not sigma < count_noise_multiplier:
+        raise ConfigError(f"the adaptive clipping count's noise (multiplier {count_noise_multiplier:.4g}, σ_b = k/20) "
+                          f"is below the joint σ = {sigma:.4g} the target ε needs, so it alone would spend more "
+                          f"than ε: raise clients_per_round (or privacy.noise_cohort_size)")
+    return float((sigma ** -2 - count_noise_multiplier ** -2) ** -0.5)
+
+
+@dataclass(frozen=True)
+class ClientLevelPlan:
+    """The noise and accounting of a client-level run (see the module docstring)."""
+
+    mechanism: str                 # gaussian | tree
+    sampling: str                  # poisson | uniform | full | shuffle
+    adjacency: str                 # what adjacent federations differ in, as the runs table names it
+    population: int                # N (or the deployment's N')
+    cohort: int                    # k (or k'): the expected cohort size the noise is sized for
+    denominator: int               # the simulated k: the clipped sum is divided by it
+    rounds: int
+    per_pass: int                  # tree: rounds of one pass (one tree); 0 otherwise
+    schedule: tuple[float, ...]    # relative σ of each round (a method's schedule, e.g. DP-ACDN's decay)
+    sigma: float                   # the accounted noise multiplier (joint, with adaptive clipping)
+    update_sigma: float            # the noise multiplier on the sum of clipped updates
+    count_std: float               # adaptive clipping: σ_b, the std of the noise on Σ (b_i − 1/2); 0 otherwise
+    deployment: bool               # noise sized for privacy.noise_cohort_size / population_size
+    accountant: str
+    delta: float
+
+    @property
+    def sample_rate(self) -> float:
+        return 1.0 if self.sampling == "full" else self.cohort / self.population
+
+    def update_noise_std(self, server_round: int, clip_norm: float) -> float:
+        """Std per coordinate of the noise on round ``server_round``'s averaged update (σ_Δ·C/k)."""
+        return self.update_sigma * self.schedule[server_round - 1] * float(clip_norm) / self.cohort
+
+    def count_noise_std(self) -> float:
+        """Std of the noise on the averaged count b̄ (σ_b/k)."""
+        return self.count_std / self.cohort
+
+    def epsilon(self, rounds: int) -> float:
+        """ε at δ after the first ``rounds`` rounds."""
+        return epsilon_of(self.mechanism, self.sampling, self.population, self.cohort, self.per_pass,
+                          [self.sigma * m for m in self.schedule[:rounds]], self.delta, self.accountant)
+
+    def step_events(self, rounds: int) -> list[StepEvent]:
+        """The Poisson (or full) rounds as :class:`StepEvent` (add/remove): the private tuning's RDP input."""
+        if not (self.mechanism == "gaussian" and self.sampling in ("poisson", "full")):
+            raise ValueError("only Poisson-sampled or full cohorts are StepEvents")
+        return [StepEvent(self.sample_rate, self.sigma * m, 1) for m in self.schedule[:rounds]]
+
+    def new_ledger(self) -> PrivacyLedger | None:
+        """An incremental ledger for the Poisson (or full) rounds; None for the RDP-only cohorts."""
+        if self.mechanism == "gaussian" and self.sampling in ("poisson", "full"):
+            return PrivacyLedger(self.delta, self.accountant)
+        return None
+
+
+def tree_nodes(prefix: int) -> list[tuple[int, int]]:
+    """The (level, index) of the binary-tree nodes whose sums make up the prefix of the first ``prefix``
+    leaves: one node per set bit of ``prefix`` (a node at level l covers 2^l leaves)."""
+    nodes, start = [], 0
+    for level in reversed(range(max(prefix, 1).bit_length())):
+        if prefix & (1 << level):
+            nodes.append((level, start >> level))
+            start += 1 << level
+    return nodes
+
+
+def prefix_noise(seed: int, pass_index: int, prefix: int, std: float, size: int) -> torch.Tensor:
+    """Tree-aggregation noise of a pass's prefix sum (float64): the sum of the noises of its
+    :func:`tree_nodes`, each node's N(0, std²I) drawn from its own stream ``(seed, "tree-noise", pass,
+    level, index)``, so every prefix that contains a node reuses that node's noise."""
+    total = torch.zeros(size, dtype=torch.float64)
+    for level, index in tree_nodes(prefix):
+        gen = torch_generator(seed, "tree-noise", pass_index + 1, level, index)
+        total += torch.empty(size, dtype=torch.float32).normal_(0.0, std, generator=gen).double()
+    return total
+
+
+def _rdp_epsilon(event: dp_accounting.DpEvent, relation: dp_accounting.NeighboringRelation, delta: float) -> float:
+    acc = rdp_privacy_accountant.RdpAccountant(neighboring_relation=relation)
+    acc.compose(event)
+    return max(float(acc.get_epsilon(delta)), 0.0)
+
+
+def epsilon_of(mechanism: str, sampling: str, population: int, cohort: int, per_pass: int,
+               multipliers: Sequence[float], delta: float, accountant: str) -> float:
+    """ε at δ of rounds with the accounted noise multipliers ``multipliers`` (one per round)."""
+    if not len(multipliers):
+        return 0.0
+    if any(m == 0.0 for m in multipliers):
+        return math.inf
+    if mechanism == "tree":
+        rounds = len(multipliers)
+        if len(set(multipliers)) != 1:
+            raise ValueError("tree aggregation is accounted with one noise multiplier for every round")
+        full, rest = divmod(rounds, per_pass)
+        tree = dp_accounting.SingleEpochTreeAggregationDpEvent(float(multipliers[0]), per_pass)
+        events: list[dp_accounting.DpEvent] = [dp_accounting.SelfComposedDpEvent(tree, full)] if full else []
+        if rest:
+            events.append(dp_accounting.SingleEpochTreeAggregationDpEvent(float(multipliers[0]), rest))
+        return _rdp_epsilon(dp_accounting.ComposedDpEvent(events), _RELATION.REPLACE_SPECIAL, delta)
+    if sampling == "uniform":
+        values, counts = np.unique(np.asarray(multipliers, dtype=np.float64), return_counts=True)
+        # Replace-one moves the clipped sum by up to 2C: the accounted multiplier is σ/2.
+        events = [dp_accounting.SelfComposedDpEvent(dp_accounting.SampledWithoutReplacementDpEvent(
+            population, cohort, dp_accounting.GaussianDpEvent(float(v) / 2.0)), int(c)) for v, c in zip(values, counts)]
+        return _rdp_epsilon(dp_accounting.ComposedDpEvent(events), _RELATION.REPLACE_ONE, delta)
+    q = 1.0 if sampling == "full" else cohort / population
+    return compute_epsilon([StepEvent(q, float(m), 1) for m in multipliers], delta, accountant)
+
+
+def _sampling(cfg: Config) -> str:
+    if cfg.privacy.mechanism == "tree":
+        return "shuffle"
+    if cfg.clients_per_round is None:
+        return "full"
+    return cfg.participation
+
+
+ADJACENCY = {
+    "poisson": "add/remove one client",
+    "full": "add/remove one client",
+    "uniform": "replace one client (fixed-size cohorts)",
+    "shuffle": "replace one client by a zero update",
+}
+
+
+def privacy_scope(cfg: Config) -> dict[str, str]:
+    """The runs table's ``privacy_unit``, ``adjacency`` and ``epsilon_scope`` of ``cfg`` (what its ε is for)."""
+    p = cfg.privacy
+    if p.unit == "example":
+        return {"privacy_unit": "example", "adjacency": "add/remove one training example of one client",
+                "epsilon_scope": "each client's own ε (the run's is the largest)"}
+    sampling = _sampling(cfg)
+    if p.noise_cohort_size is not None:
+        if sampling == "full":
+            sampling = "poisson"
+        scope = (f"a deployment of {p.noise_cohort_size} clients a round out of {p.population_size} (noise sized "
+                 f"for it), not the simulated federation of {cfg.num_clients}")
+    else:
+        scope = f"the simulated population of {cfg.num_clients} clients"
+    return {"privacy_unit": "client", "adjacency": ADJACENCY[sampling], "epsilon_scope": scope}
+
+
+def client_level_plan(cfg: Config, schedule: Sequence[float], adaptive_count: bool) -> ClientLevelPlan:
+    """The plan of ``cfg`` (presets resolved): σ given (``privacy.noise_multiplier``) or calibrated to
+    ``privacy.epsilon`` over all T rounds, for the simulated federation or the deployment it stands for.
+    ``schedule`` is the method's relative σ per round; ``adaptive_count`` adds adaptive clipping's count."""
+    p = cfg.privacy
+    sampling = _sampling(cfg)
+    deployment = p.noise_cohort_size is not None
+    population = int(p.population_size) if deployment else cfg.num_clients
+    simulated_k = cfg.clients_per_round if cfg.clients_per_round is not None else cfg.num_clients
+    cohort = int(p.noise_cohort_size) if deployment else int(simulated_k)
+    if sampling == "full" and deployment:
+        sampling = "poisson"     # the deployment samples k' of N' each round
+    if (p.mechanism == "tree" or sampling == "uniform") and p.accountant != "rdp":
+        what = "tree aggregation" if p.mechanism == "tree" else "fixed-size cohorts (sampling without replacement)"
+        raise ConfigError(f"privacy.unit=client with {what} is accounted by dp-accounting's RDP accountant only: "
+                          f"set privacy.accountant=rdp (or participation=poisson)")
+    if p.mechanism == "tree" and len(set(float(m) for m in schedule)) > 1:
+        raise ConfigError("privacy.mechanism=tree takes one noise multiplier for every round; this method's "
+                          "noise schedule changes it")
+    per_pass = rounds_per_pass(cfg) if p.mechanism == "tree" else 0
+    schedule = tuple(float(m) for m in schedule)
+    count_std = cohort / ADAPTIVE_COUNT_DIVISOR if adaptive_count else 0.0
+
+    def eps(sigma: float) -> float:
+        return epsilon_of(p.mechanism, sampling, population, cohort, per_pass, [sigma * m for m in schedule],
+                          p.delta, p.accountant)
+
+    if p.noise_multiplier is not None:
+        sigma = float(p.noise_multiplier)
+    else:
+        sigma = smallest_noise(eps, float(p.epsilon))
+    update_sigma = joint_update_sigma(sigma, 2.0 * count_std) if adaptive_count and sigma > 0 else sigma
+    return ClientLevelPlan(p.mechanism, sampling, ADJACENCY[sampling], population, cohort, int(simulated_k),
+                           cfg.rounds, per_pass, schedule, sigma, update_sigma, count_std, deployment,
+                           p.accountant, p.delta)
