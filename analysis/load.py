@@ -50,7 +50,8 @@ def _config(row: pd.Series) -> dict[str, Any]:
 
 
 def privacy_label(row: pd.Series) -> str:
-    """'no DP', 'ε=8' (calibrated target) or 'σ=1.1' (given noise), plus a non-default clipping mode."""
+    """'no DP', 'ε=8' (calibrated target) or 'σ=1.1' (given noise), plus a non-default clipping mode, or
+    the client unit (and the deployment the noise is sized for)."""
     privacy = _config(row).get("privacy", {})
     clipping = row.get("clipping") if isinstance(row.get("clipping"), str) else privacy.get("clipping", "auto")
     if clipping == "none":
@@ -62,6 +63,9 @@ def privacy_label(row: pd.Series) -> str:
     else:
         # a non-private method with clipping=auto before its setup row was written
         return "no DP"
+    if privacy.get("unit") == "client":
+        deployment = privacy.get("noise_cohort_size")
+        return f"{label}, client-level" + (f", noise of {deployment}/{privacy['population_size']}" if deployment else "")
     return label if clipping in ("per_sample", "auto") else f"{label}, {clipping} clipping"
 
 

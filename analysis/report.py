@@ -18,11 +18,15 @@ from analysis.tables import MISSING, PAPER_SUFFIX, summarise, table1, table2, to
 from raysim.results import read_table
 
 ACCOUNTING_SCOPE = (
-    "ε is record-level (ε, δ)-DP per client: neighbouring datasets differ in one training example of one "
-    "client, the server is honest but curious, and each client is accounted separately; a run's ε is the "
-    "maximum over its clients (docs/privacy.md). It covers the DP-SGD releases (the model updates) that the accountant "
-    "composed. It does not cover values that clients upload and that are computed from private data outside "
-    "DP-SGD; the column 'not covered by ε' lists them for each run.")
+    "Each run's ε is for its privacy unit (the column 'unit'). Unit example: record-level (ε, δ)-DP per "
+    "client: neighbouring datasets differ in one training example of one client, the server is honest but "
+    "curious, and each client is accounted separately; a run's ε is the maximum over its clients. Unit client: "
+    "neighbouring federations differ in one whole client ('adjacency'), the server adds the noise once to the "
+    "cohort's clipped updates (a trusted aggregator), and one ledger holds the population's ε; where the noise "
+    "is sized for a deployment, the ε is that deployment's, not the simulated federation's ('ε is for'). "
+    "(docs/privacy.md.) ε covers the releases that the accountant composed. It does not cover values that "
+    "clients upload and that are computed from private data outside them; the column 'not covered by ε' "
+    "lists them for each run.")
 
 
 @dataclass
@@ -76,6 +80,11 @@ def _attention(runs: pd.DataFrame) -> pd.DataFrame:
     })
 
 
+def _column(runs: pd.DataFrame, name: str) -> list[str]:
+    values = runs[name] if name in runs else pd.Series([None] * len(runs), index=runs.index)
+    return [v if isinstance(v, str) else MISSING for v in values]
+
+
 def _privacy_table(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         "run_id": runs["run_id"], "method": runs["method"], "status": runs["status"],
@@ -83,6 +92,8 @@ def _privacy_table(runs: pd.DataFrame) -> pd.DataFrame:
         "σ (max over clients)": [_fmt_float(s) for s in runs["noise_multiplier"]],
         "clipping": [c if isinstance(c, str) else MISSING for c in runs["clipping"]],
         "accountant": runs["accountant"].fillna(MISSING),
+        "unit": _column(runs, "privacy_unit"), "adjacency": _column(runs, "adjacency"),
+        "ε is for": _column(runs, "epsilon_scope"),
         "not covered by ε": [_not_covered_text(r) for _, r in runs.iterrows()],
     })
 

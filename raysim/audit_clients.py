@@ -1,7 +1,7 @@
 """``raysim audit`` under ``privacy.unit=client``: canary clients (Andrew et al., ICLR 2024, "One-shot
 empirical privacy estimation for federated learning").
 
-The configured run trains as it would (serial executor, every real client, the server's noise), with
+The configured run trains as it would (every real client, the server's noise), with
 M canary clients added to the population. Each canary's update is a fixed random direction u_j of norm
 ``canary_norm``·C (10 C), far above the clip norm. A canary is inserted (a member) with probability 1/2;
 a member joins each round's cohort independently with the run's sampling rate q = k/N, and its update
@@ -42,6 +42,7 @@ from raysim.messages import ClientResult, ClientTask
 from raysim.privacy import clipping
 from raysim.privacy.audit_bound import epsilon_lower_bound
 from raysim.rng import np_generator, torch_generator
+from raysim.simulation import Executor, Simulation
 
 __all__ = ["ClientAuditResult", "run_client_audit", "gdp_epsilon"]
 
@@ -94,12 +95,10 @@ def _direction(seed: int, j: int, size: int) -> torch.Tensor:
     return u / u.norm()
 
 
-def run_client_audit(cfg: Config, canaries: int = 1000, guess_fraction: float = 0.1,
+def run_client_audit(cfg: Config, executor: Executor, canaries: int = 1000, guess_fraction: float = 0.1,
                      canary_norm: float = 10.0) -> ClientAuditResult:
-    """Audit the client-level mechanism of ``cfg`` with canary clients (see the module docstring)."""
-    from raysim.runtime.serial import SerialExecutor
-    from raysim.simulation import Simulation
-
+    """Audit the client-level mechanism of ``cfg`` with canary clients (see the module docstring), training
+    on ``executor`` (the CLI gives the serial executor: the canaries join each round in this process)."""
     if canaries < 10:
         raise ConfigError(f"--canaries must be >= 10, got {canaries}")
     if not 0 < guess_fraction <= 0.5:
@@ -117,7 +116,7 @@ def run_client_audit(cfg: Config, canaries: int = 1000, guess_fraction: float = 
                                f"clients cannot make; the audit covers methods whose uploads are the update and "
                                f"its joint count")
     train, test = prepare(cfg)
-    sim = Simulation(cfg, train, test, SerialExecutor())
+    sim = Simulation(cfg, train, test, executor)
     plan = sim.server.ctx.client_level
     d = int(sim.weights.numel())
     start = sim.weights.clone()

@@ -22,7 +22,6 @@ from raysim.algorithms import flat
 from raysim.algorithms.uploads import Upload
 from raysim.config import Config
 from raysim.messages import ClientResult, ClientTask, RoundPayload
-from raysim.privacy.population import ClientLevelPlan, prefix_noise
 from raysim.rng import torch_generator
 
 
@@ -47,9 +46,9 @@ class MethodContext:
                                        # planned (NaN until then); always set for a round's participants
     #: macro-F1 of flat weights on the public server hold-out (``data.server_holdout``), or None without one
     holdout_f1: Callable[[torch.Tensor], float] | None = None
-    #: ``privacy.unit=client``: the population's noise plan (the server noises the cohort's clipped sum);
-    #: None under ``privacy.unit=example``
-    client_level: ClientLevelPlan | None = None
+    #: ``privacy.unit=client``: the population's noise plan, a ``raysim.privacy.population.ClientLevelPlan``
+    #: (the server noises the cohort's clipped sum); None under ``privacy.unit=example``
+    client_level: Any = None
 
 
 @dataclass
@@ -151,7 +150,7 @@ class Server:
     def tree_release(self, server_round: int, global_weights: torch.Tensor,
                      results: Sequence[ClientResult]) -> torch.Tensor:
         """DP-FTRL (``privacy.mechanism=tree``): w_t = w_pass + (Σ_{s ≤ t in the pass} Σ_i clip_C(Δ_i,s) + Z_t)/k,
-        with Z_t the tree-aggregation noise of the pass's prefix t (:func:`raysim.privacy.population.prefix_noise`);
+        with Z_t the tree-aggregation noise of the pass's prefix t (``ClientLevelPlan.prefix_noise``);
         the tree restarts, and w_pass is reset to the current weights, at the start of every pass."""
         plan = self.ctx.client_level
         pass_index, slot = divmod(server_round - 1, plan.per_pass)
@@ -161,7 +160,7 @@ class Server:
         if results:
             self.tree_sum = self.tree_sum + flat.sum64([r.delta for r in results], [1.0] * len(results))
         std = plan.update_sigma * float(self.clip_norm(server_round))
-        noise = prefix_noise(self.cfg.train_seed, pass_index, slot + 1, std, self.ctx.num_params)
+        noise = plan.prefix_noise(self.cfg.train_seed, pass_index, slot + 1, std, self.ctx.num_params)
         return (self.tree_anchor + (self.tree_sum + noise) / plan.denominator).to(torch.float32)
 
     def uniform_logs(self, results: Sequence[ClientResult]) -> list[dict[str, float]]:

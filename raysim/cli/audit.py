@@ -32,7 +32,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if cfg.privacy.epsilon is None and cfg.privacy.noise_multiplier is None:
         raise ConfigError("the audit needs privacy.epsilon or privacy.noise_multiplier")
     if cfg.privacy.unit == "client":
-        found = run_client_audit(cfg, canaries=args.canaries if args.canaries is not None else 1000,
+        from raysim.runtime.serial import SerialExecutor
+        found = run_client_audit(cfg, SerialExecutor(), canaries=args.canaries if args.canaries is not None else 1000,
                                  guess_fraction=args.guess_fraction)
         if args.json:
             print(json.dumps(found.as_dict()))

@@ -10,7 +10,7 @@ from raysim.config import apply_overrides, cli_overrides, config_from_dict, read
 
 RUN_COLUMNS = [("run_id", "run_id"), ("method", "method"), ("dataset", "dataset"),
                ("final_test_accuracy", "accuracy"), ("final_test_f1", "macro-F1"), ("epsilon", "ε"),
-               ("wall_seconds", "wall s")]
+               ("privacy_unit", "unit"), ("wall_seconds", "wall s")]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -52,5 +52,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def print_run_summary(rows: Sequence[dict[str, Any]], results_dir: str) -> None:
     print_table(rows, RUN_COLUMNS)
+    for row in rows:
+        if row.get("privacy_unit") == "client" and row.get("clipping") != "none":
+            print(f"{row['run_id']}: client-level ε ({row['adjacency']}) of {row['epsilon_scope']}")
     print(f"\nResults (Parquet): {results_dir}/runs, {results_dir}/rounds, {results_dir}/clients, {results_dir}/partitions")
     print(f"  pandas: pd.read_parquet('{results_dir}/rounds')")

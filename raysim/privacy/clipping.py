@@ -183,7 +183,7 @@ def privatize(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, mode: str,
 def clip_update(delta: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor, float]:
     """``privacy.unit=client``: a client's whole update scaled to l2 norm at most C (flat over all
     parameters, norm in float64), and its norm before clipping (private: logged, never uploaded)."""
-    norm = float(delta.double().norm())
+    norm = float(torch.linalg.vector_norm(delta, dtype=torch.float64))
     if norm <= clip_norm:
         return delta, norm
-    return (delta.double() * (clip_norm / norm)).to(delta.dtype), norm
+    return delta * (clip_norm / norm), norm

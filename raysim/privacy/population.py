@@ -104,6 +104,11 @@ class ClientLevelPlan:
             raise ValueError("only Poisson-sampled or full cohorts are StepEvents")
         return [StepEvent(self.sample_rate, self.sigma * m, 1) for m in self.schedule[:rounds]]
 
+    @staticmethod
+    def prefix_noise(seed: int, pass_index: int, prefix: int, std: float, size: int) -> torch.Tensor:
+        """The tree noise of a pass's prefix sum (:func:`prefix_noise`)."""
+        return prefix_noise(seed, pass_index, prefix, std, size)
+
     def new_ledger(self) -> PrivacyLedger | None:
         """An incremental ledger for the Poisson (or full) rounds; None for the RDP-only cohorts."""
         if self.mechanism == "gaussian" and self.sampling in ("poisson", "full"):

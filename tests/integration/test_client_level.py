@@ -13,12 +13,13 @@ import pytest
 from raysim.algorithms.registry import all_methods, resolve_preset
 from raysim.audit_clients import run_client_audit
 from raysim.cli import main
-from raysim.config import config_from_dict
+from raysim.config import config_from_dict, read_yaml
 from raysim.participation import participation_schedule
 from raysim.privacy import clipping
 from raysim.privacy.population import ClientLevelPlan
 from raysim.results import read_table
 from raysim.runtime import execute
+from raysim.runtime.serial import SerialExecutor
 from tests.conftest import REPO
 
 CLIENT_METHODS = [s.name for s in all_methods() if "client" in s.units() and s.preset_of is None]
@@ -107,16 +108,12 @@ def test_tree_refused_for_a_server_rule_that_needs_each_round(capsys, tmp_path):
     assert code == 2 and "prefix sums" in err and len(err.strip().splitlines()) == 1
 
 
-AUDIT = dict(method="fedavg", rounds=5, seed=0, num_clients=200, clients_per_round=50, participation="poisson",
-             batch_size=10, lr=0.1, eval_every=10,
-             privacy={"unit": "client", "epsilon": 1.0, "delta": 1e-5},
-             data={"name": "digits", "partition": "iid", "min_samples_per_client": 3},
-             runtime={"executor": "serial"})
-CLAIM = 1.0
+AUDIT = read_yaml(REPO / "experiments" / "audit_client.yaml")
+CLAIM = AUDIT["privacy"]["epsilon"]
 
 
 def _audit():
-    return run_client_audit(config_from_dict(AUDIT), canaries=500)
+    return run_client_audit(config_from_dict(AUDIT), SerialExecutor(), canaries=500)
 
 
 def test_canary_client_audit_of_a_clean_run_stays_below_the_claim():
