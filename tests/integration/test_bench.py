@@ -70,3 +70,10 @@ def test_tune_speed():
     out = json.loads(_run("tune_speed.py", "--lrs", "2", "--rounds", "1", "--tuning-seeds", "1", "--final-seeds", "1",
                           "--json"))
     assert out["runs"] > 0 and out["rerun_ran_nothing"] is True
+
+
+def test_accounting_round():
+    rows = json.loads(_run("accounting_round.py", "--rounds", "3", "--json"))
+    assert {(r["accountant"], r["schedule"]) for r in rows} == {(a, s) for a in ("pld", "rdp")
+                                                                for s in ("constant", "decaying")}
+    assert all(r["median_round_ms"] > 0 and 0 < r["epsilon"] < 100 for r in rows)
