@@ -31,8 +31,17 @@ PARTICIPATION_MODES = ("uniform", "poisson")
 
 #: ``privacy.clipping`` modes once resolved (``auto`` resolves to one of them).
 CLIPPING_MODES = ("per_sample", "batch", "none")
-#: Backbones of the top-level ``model`` key, built by ``raysim.models.model_for``.
+#: Backbones of the top-level ``model`` key, built by ``raysim.models.model_for``; a model registered from
+#: outside (``raysim.models.register_model``) is added to the ``model`` choices by ``add_choice``.
 MODEL_NAMES = ("cnn", "resnet18_gn", "wrn16_4")
+_EXTRA_CHOICES: dict[str, list[str]] = {}
+
+
+def add_choice(key: str, name: str) -> None:
+    """Accept ``name`` for the config key ``key`` (a registry that takes names from outside calls it)."""
+    names = _EXTRA_CHOICES.setdefault(key, [])
+    if name not in names:
+        names.append(name)
 
 
 class ConfigError(ValueError):
@@ -144,6 +153,7 @@ class Config:
     momentum: float = 0.0
     eval_batch_size: int = 1000
     eval_every: int = 1                # evaluate the global model every k rounds, and always after the last one
+    plugins: tuple[str, ...] = ()      # modules to import before names are resolved (raysim/plugins.py)
     data: DataConfig = field(default_factory=DataConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
@@ -243,6 +253,10 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
         if not isinstance(value, str):
             _fail(key, f"expected a string, got {value!r}")
         return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            _fail(key, f"expected a list, got {value!r}")
+        return tuple(_coerce(key, v, typing.get_args(annotation)[0]) for v in value)
     return value
 
 
@@ -275,6 +289,7 @@ def _build(cls: type, values: Mapping[str, Any], prefix: str = "") -> Any:
 
 
 def _choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    choices = (*choices, *_EXTRA_CHOICES.get(key, ()))
     if value not in choices:
         _fail(key, f"unknown value {value!r}; choose one of {', '.join(choices)}")
 
@@ -344,6 +359,9 @@ def validate(cfg: Config) -> Config:
 
 
 def config_from_dict(values: Mapping[str, Any]) -> Config:
+    from raysim import plugins   # the config's plugins register their methods, data sets and models first
+    named = values.get("plugins") if isinstance(values, Mapping) else None
+    plugins.load(named if isinstance(named, (list, tuple)) else ())
     return validate(_build(Config, values))
 
 
@@ -471,6 +489,7 @@ def result_hash(cfg: Config) -> str:
     d = dataclasses.replace(cfg.data, root=None, cache_dir=None, download=False, server_holdout=server_holdout_size(cfg))
     values = config_to_dict(cfg.replace(data=d))
     values["runtime"] = {key: values["runtime"][key] for key in RESULT_RUNTIME_KEYS}
+    del values["plugins"]   # where the code comes from; the names it registers are in the config
     if _SECTION_IN_USE:
         for name, _ in cfg.sections:
             if not _SECTION_IN_USE[0](cfg, name):

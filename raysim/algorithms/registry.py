@@ -3,7 +3,8 @@
 Registering a :class:`~raysim.algorithms.base.MethodSpec` registers its config sections (``params``)
 with the config parser; the results schema reads the columns each registered method declares.
 The built-in methods are found by discovery: every module of the ``raysim.algorithms`` package is
-imported once, the first time the registry is asked, and each registers itself. A method defined
+imported once, the first time the registry is asked, and each registers itself; then the plugins
+(:mod:`raysim.plugins`: entry points, the config's ``plugins`` modules) are imported. A method defined
 anywhere else registers itself when its module is imported.
 
 This module imports neither torch nor the method modules at import time; ``raysim/__init__.py``
@@ -34,6 +35,21 @@ def register(spec: "MethodSpec") -> "MethodSpec":
         register_section(name, cls)
     _METHODS[spec.name] = spec
     return spec
+
+
+def origin(spec: "MethodSpec") -> str:
+    """Where a registered method comes from: built in, a plugin (entry point or the config's ``plugins``),
+    or another module that registered it when it was imported."""
+    from raysim import plugins
+    module = getattr(spec.server, "__module__", "") or ""
+    if module.startswith("raysim."):
+        return f"built in ({module})"
+    parts = module.split(".")
+    for i in range(len(parts), 0, -1):
+        found = plugins.origin_of(".".join(parts[:i]))
+        if found:
+            return f"{found}, module {module}"
+    return f"module {module}"
 
 
 def unregister(name: str) -> None:
@@ -95,6 +111,8 @@ def load_methods() -> None:
     package = importlib.import_module("raysim.algorithms")
     for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
         importlib.import_module(f"raysim.algorithms.{info.name}")
+    from raysim import plugins
+    plugins.load()
 
 
 def section_in_use(cfg: Config, name: str) -> bool:

@@ -11,11 +11,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
-    from raysim.algorithms.registry import all_methods
+    from raysim.algorithms.registry import all_methods, origin
     specs = all_methods()
     width = max(len(s.name) for s in specs)
     for s in specs:
         kind = "DP " if s.private else "   "
         print(f"{s.name:<{width}}  {kind} {s.summary}")
+        print(f"{'':<{width}}      from: {origin(s)}")
     print("\nDP = differentially private by default; the others take privacy.epsilon to become DP variants.")
     return 0
