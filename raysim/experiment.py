@@ -104,7 +104,7 @@ def run_experiment(cfg: Config, results_dir: str, backend: Backend, *, sweep_id:
         kept = sink.read_run_rounds(run_id)   # rounds after `done` were just deleted
         if len(kept):
             best_acc, best_f1 = float(kept["test_accuracy"].max()), float(kept["test_f1"].max())
-        row = {**previous, "status": "running", "error": None, "end_time": None, "rounds_completed": done}
+        row = {**previous, "status": "running", "error": None, "diverged": None, "end_time": None, "rounds_completed": done}
     else:
         sink.clear_run(run_id)
         sink.delete_checkpoint(run_id)
@@ -146,7 +146,9 @@ def run_experiment(cfg: Config, results_dir: str, backend: Backend, *, sweep_id:
         close = getattr(records, "close", None)
         if close is not None:   # end the backend's run (its actors) even if the stream never started
             close()
-        row.update(status="failed", error=f"{type(exc).__name__}: {exc}", end_time=now(), wall_seconds=time.perf_counter() - t0)
+        from raysim.simulation import TrainingDiverged
+        row.update(status="failed", error=f"{type(exc).__name__}: {exc}", end_time=now(), wall_seconds=time.perf_counter() - t0,
+                   diverged=any(isinstance(e, TrainingDiverged) for e in (exc, getattr(exc, "cause", None))))
         sink.write_run(row)
         raise
     row.update(status="completed", end_time=now(), wall_seconds=time.perf_counter() - t0)

@@ -79,7 +79,7 @@ def _rows(tune, runs, objective):
     for r in runs:
         val = objective(r.contestant, r.cfg.lr, r.seed)
         rows[r.run_id] = None if val is None else (
-            {"status": "failed", "error": "TrainingDiverged: nan"} if val == "diverged" else
+            {"status": "failed", "error": "TrainingDiverged: nan", "diverged": True} if val == "diverged" else
             {"status": "completed", "final_val_accuracy": val, "final_test_accuracy": 1 - val,
              "final_test_f1": 0.5, "epsilon": 8.0})
     return rows
@@ -94,9 +94,36 @@ def test_choice_maximises_mean_validation_and_a_diverged_seed_fails_the_candidat
         return {0.05: 0.7, 0.1: 0.6 + (seed - 10) * 0.2, 0.2: 0.1}[lr]   # 0.1: mean 0.7 ties with 0.05
 
     runs = search_runs(tune)
-    chosen = choose(tune, runs, _rows(tune, runs, objective))
+    rows = _rows(tune, runs, objective)
+    chosen = choose(tune, runs, rows, "best")
     assert chosen["fedsa"].as_dict() == {"lr": 0.1}      # 0.2 has a diverged seed: failed
     assert chosen["feddimdp"].as_dict() == {"lr": 0.05}  # ties go to the first candidate
+    # the one-SE rule: 0.05 and 0.1 are within one SE of each other, and 0.1 is the base lr
+    assert choose(tune, runs, rows, "one_se")["feddimdp"].as_dict() == {"lr": 0.1}
+    # a failed run whose error text merely looks like divergence is a failure to rerun, not a divergence
+    from raysim.tune import diverged
+    assert not diverged({"status": "failed", "error": "TrainingDiverged: text only"})
+
+
+def test_one_se_rule_keeps_a_resolved_best_and_flags_close_calls():
+    from raysim.tune.select import candidate_stats, close_calls
+    from raysim.tune.stats import objective_se
+    tune = spec(methods=["fedsa"], reference=None)
+    runs = search_runs(tune)
+    far = {0.05: 0.50, 0.1: 0.60, 0.2: 0.90}            # 0.2 clearly best: SE (hold-out 100) ≈ 0.021
+    rows = _rows(tune, runs, lambda label, lr, seed: far[lr])
+    assert choose(tune, runs, rows, "one_se")["fedsa"].as_dict() == {"lr": 0.2}
+    assert close_calls(tune, runs, rows, choose(tune, runs, rows)) == []
+    st = candidate_stats(tune, runs, rows)[("fedsa", Candidate((("lr", 0.2),)))]
+    assert st.se == pytest.approx(math.sqrt(0.9 * 0.1 / 100 / 2)) and st.seeds == 2
+    near = {0.05: 0.50, 0.1: 0.60, 0.2: 0.61}
+    rows = _rows(tune, runs, lambda label, lr, seed: near[lr])
+    assert choose(tune, runs, rows, "best")["fedsa"].as_dict() == {"lr": 0.2}
+    assert choose(tune, runs, rows, "one_se")["fedsa"].as_dict() == {"lr": 0.1}
+    [line] = close_calls(tune, runs, rows, {"fedsa": Candidate((("lr", 0.2),))})
+    assert "within one standard error of lr=0.1" in line
+    # seed spread above the hold-out's binomial floor is what the SE uses
+    assert objective_se([0.5, 0.7], 100) == pytest.approx(np.std([0.5, 0.7], ddof=1) / math.sqrt(2))
 
 
 def test_every_candidate_failing_leaves_no_choice_and_no_final_runs():
