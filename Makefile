@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: run test test-slow test-cluster bench install install-dev clean
+.PHONY: run test test-slow test-cluster lint bench install install-dev clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ run: install
 # Two pytest workers (one per core here), whole files per worker so module fixtures are built once.
 test: install-dev
 	$(BIN)/python -m pytest -q -m "not slow and not cluster" -n 2 --dist loadfile --durations=15
+
+# ruff with the rule set in pyproject.toml (pycodestyle errors and warnings, pyflakes); CI runs it.
+lint: install-dev
+	$(BIN)/ruff check .
 
 test-cluster: install-dev
 	$(BIN)/python -m pytest -q -m "cluster and not slow"
