@@ -392,18 +392,44 @@ def cli_overrides(overrides: list[str] | tuple[str, ...], data_root: str | None 
     return pairs
 
 
+_MISSING: Any = object()
+
+
+def dotted_get(tree: Any, key: str, default: Any = _MISSING) -> Any:
+    """The value at the dotted ``key`` (``privacy.clip_norm``) of nested mappings or attributes (raw config
+    values, or a ``Config`` whose method sections are attributes too); ``default`` if a part is missing
+    (``KeyError`` without one). The one dotted-key reader of the project."""
+    node = tree
+    for part in key.split("."):
+        if isinstance(node, Mapping):
+            found = node.get(part, _MISSING)
+        else:
+            found = getattr(node, part, _MISSING)
+        if found is _MISSING:
+            if default is _MISSING:
+                raise KeyError(key)
+            return default
+        node = found
+    return node
+
+
+def dotted_set(tree: dict[str, Any], key: str, value: Any) -> None:
+    """Set the dotted ``key`` in nested dicts, creating sections as needed (the one dotted-key writer)."""
+    node = tree
+    parts = key.split(".")
+    for part in parts[:-1]:
+        nxt = node.setdefault(part, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"--set {key}: '{part}' is not a section")
+        node = nxt
+    node[parts[-1]] = value
+
+
 def apply_overrides(values: dict[str, Any], overrides: list[tuple[str, Any]]) -> dict[str, Any]:
     """Return a deep copy of ``values`` with dotted-key overrides applied."""
     out = json.loads(json.dumps(values))
     for key, value in overrides:
-        node = out
-        parts = key.split(".")
-        for part in parts[:-1]:
-            nxt = node.setdefault(part, {})
-            if not isinstance(nxt, dict):
-                raise ConfigError(f"--set {key}: '{part}' is not a section")
-            node = nxt
-        node[parts[-1]] = value
+        dotted_set(out, key, value)
     return out
 
 

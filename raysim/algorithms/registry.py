@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from raysim.config import (Config, ConfigError, add_section_loader, config_from_dict, config_to_dict,
-                           register_section, set_preset_resolver, set_section_use, unregister_section)
+from raysim.config import (Config, ConfigError, add_section_loader, config_from_dict, config_to_dict, dotted_get,
+                           dotted_set, register_section, set_preset_resolver, set_section_use, unregister_section)
 
 if TYPE_CHECKING:
     from raysim.algorithms.base import MethodSpec
@@ -75,13 +75,6 @@ def all_methods() -> list["MethodSpec"]:
     return [_METHODS[n] for n in sorted(_METHODS)]
 
 
-def _lookup(tree: dict[str, Any], dotted: str) -> tuple[dict[str, Any], str]:
-    *parents, leaf = dotted.split(".")
-    for part in parents:
-        tree = tree[part]
-    return tree, leaf
-
-
 def resolve_preset(cfg: Config) -> Config:
     """Apply the preset switches of ``cfg.method`` (e.g. ``feddimdp-no-adpc`` sets ``feddimdp.adpc=false``).
 
@@ -93,11 +86,11 @@ def resolve_preset(cfg: Config) -> Config:
         return cfg
     values = config_to_dict(cfg)
     for key, wanted in spec.preset.items():
-        node, leaf = _lookup(values, key)
-        if node[leaf] is not None and node[leaf] != wanted:
+        given = dotted_get(values, key)
+        if given is not None and given != wanted:
             raise ConfigError(f"config key '{key}': method {cfg.method!r} is the preset {key}={wanted}; "
                               f"use method {spec.preset_of!r} to choose the switches yourself")
-        node[leaf] = wanted
+        dotted_set(values, key, wanted)
     return config_from_dict(values)
 
 

@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from raysim.config import Config, ConfigError, apply_overrides, config_from_dict, run_id_for
+from raysim.config import Config, ConfigError, apply_overrides, config_from_dict, dotted_get, run_id_for
 from raysim.sweep import Sweep, sweep_id_for
 from raysim.tune.spec import DEFAULT_LR_POINTS, DEFAULT_LR_SPAN, Candidate, Contestant, TuneSpec
 
@@ -143,7 +143,4 @@ def as_sweep(tune: TuneSpec, stage: str, runs: Sequence[PlannedRun]) -> Sweep:
 
 def config_value(cfg: Config, dotted: str) -> Any:
     """The value of the dotted key ``dotted`` in ``cfg`` (method sections are attributes too)."""
-    node: Any = cfg
-    for part in dotted.split("."):
-        node = getattr(node, part)
-    return node
+    return dotted_get(cfg, dotted)
