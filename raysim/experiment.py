@@ -26,6 +26,10 @@ def check_config(cfg: Config) -> Config:
     cfg = resolve_preset(cfg)
     if cfg.data.name not in DATASETS:
         raise ConfigError(f"config key 'data.name': unknown dataset {cfg.data.name!r}; choose one of {', '.join(sorted(DATASETS))}")
+    from raysim.privacy.grad_sample import ENGINES   # the engine registry owns the names
+    if cfg.privacy.engine not in ENGINES:
+        raise ConfigError(f"config key 'privacy.engine': unknown value {cfg.privacy.engine!r}; "
+                          f"choose one of {', '.join(sorted(ENGINES))}")
     return cfg
 
 

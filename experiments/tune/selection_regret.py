@@ -38,8 +38,8 @@ def main() -> None:
     if args.contestants:
         tune = dataclasses.replace(tune, contestants=tuple(c for c in tune.contestants if c.label in args.contestants))
     search = search_runs(tune)
-    every = [config_for(tune, c, cand, s) for c in tune.contestants for cand in candidates(tune, c)
-             for s in tune.final_seeds]
+    every = [config_for(tune, c, cand, s) for s in tune.final_seeds for c in tune.contestants
+             for cand in candidates(tune, c)]   # seed by seed: an interrupted measurement covers every candidate
     try:
         done = set(read_table(args.results_dir, "runs").query("status == 'completed'")["run_id"])
     except (FileNotFoundError, ValueError):

@@ -77,3 +77,9 @@ def test_accounting_round():
     assert {(r["accountant"], r["schedule"]) for r in rows} == {(a, s) for a in ("pld", "rdp")
                                                                 for s in ("constant", "decaying")}
     assert all(r["median_round_ms"] > 0 and 0 < r["epsilon"] < 100 for r in rows)
+
+
+def test_adpc_read():
+    out = _run("adpc_read.py", "--trials", "2")
+    rows = [line for line in out.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == 8 and all(len(r.split("|")) == 8 for r in rows)
