@@ -2,8 +2,9 @@
 
 For each contestant of the tune file, every candidate of the search space is trained on the tuning seeds
 (the search stage, as ``raysim tune`` runs it) and, for this measurement only, on every final seed too.
-For each selection rule (``raysim.tune.select.SELECTIONS``), the regret of the pick is how far its mean
-test objective over the final seeds falls below the best candidate's. The runs go into ``--results-dir``
+For each selection rule (``raysim.tune.select.SELECTIONS``) and each non-empty subset of the tuning seeds
+(a search on one seed, on the other, on both), the regret of the pick is how far its mean test objective
+over the final seeds falls below the best candidate's. The runs go into ``--results-dir``
 with the run ids ``raysim tune`` uses, so ``raysim tune TUNE --results-dir DIR`` afterwards prints the
 tune's own tables from them without training again. Runs already completed there are not redone.
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import math
 
@@ -22,7 +24,7 @@ import numpy as np
 from raysim.config import run_id_for
 from raysim.results import read_table
 from raysim.runtime import execute
-from raysim.tune import candidates, choose, config_for, load_tune, search_runs
+from raysim.tune import Candidate, candidates, choose, config_for, load_tune, search_runs
 from raysim.tune.select import SELECTIONS, candidate_stats
 from raysim.tune.stats import mean_ci
 
@@ -51,7 +53,9 @@ def main() -> None:
     runs = read_table(args.results_dir, "runs").set_index("run_id")
     rows = {rid: runs.loc[rid].to_dict() if rid in runs.index else None for rid in {r.run_id for r in search}}
     stats = candidate_stats(tune, search, rows)
-    picks = {rule: choose(tune, search, rows, rule) for rule in SELECTIONS}
+    subsets = [sub for k in range(1, len(tune.tuning_seeds) + 1) for sub in itertools.combinations(tune.tuning_seeds, k)]
+    picks = {(rule, sub): choose(tune, [r for r in search if r.seed in sub], rows, rule)
+             for rule in SELECTIONS for sub in subsets}
     out = []
     for c in tune.contestants:
         test = {}
@@ -59,16 +63,16 @@ def main() -> None:
             ids = [run_id_for(config_for(tune, c, cand, s)) for s in tune.final_seeds]
             test[cand] = mean_ci([float(runs.loc[i, tune.test_column]) for i in ids])
         best = max(test, key=lambda k: test[k][0])
-        base = config_for(tune, c, candidates(tune, c)[0].__class__(()), tune.final_seeds[0])
+        base = config_for(tune, c, Candidate(()), tune.final_seeds[0])
         row = {"contestant": c.label, "base_lr": base.lr,
                "candidates": [{"candidate": k.label, "val_mean": stats[(c.label, k)].mean,
                                "val_se": stats[(c.label, k)].se, "test_mean": v[0], "test_std": v[1]}
                               for k, v in test.items()],
                "best": best.label, "best_test_mean": test[best][0]}
-        for rule, chosen in picks.items():
+        for (rule, sub), chosen in picks.items():
             pick = chosen[c.label]
-            row[rule] = {"pick": pick.label if pick else None,
-                         "regret": test[best][0] - test[pick][0] if pick else math.nan}
+            row.setdefault(rule, []).append({"tuning_seeds": list(sub), "pick": pick.label if pick else None,
+                                             "regret": test[best][0] - test[pick][0] if pick else math.nan})
         out.append(row)
     if args.json:
         print(json.dumps(out, indent=1))
@@ -79,10 +83,13 @@ def main() -> None:
         for k in row["candidates"]:
             print(f"| {k['candidate']} | {k['val_mean']:.4f} ± {k['val_se']:.4f} | {k['test_mean']:.4f} ± "
                   f"{k['test_std']:.4f} |")
+        print("| selection | tuning seeds | pick | regret |\n|---|---|---|---|")
         for rule in SELECTIONS:
-            print(f"{rule}: picks {row[rule]['pick']}, regret {row[rule]['regret']:.4f}")
-    regrets = {rule: float(np.mean([row[rule]["regret"] for row in out])) for rule in SELECTIONS}
-    print("\nmean regret: " + ", ".join(f"{rule} {v:.4f}" for rule, v in regrets.items()))
+            for entry in row[rule]:
+                print(f"| {rule} | {entry['tuning_seeds']} | {entry['pick']} | {entry['regret']:.4f} |")
+    regrets = {rule: float(np.mean([e["regret"] for row in out for e in row[rule]])) for rule in SELECTIONS}
+    print("\nmean regret over contestants and tuning-seed subsets: "
+          + ", ".join(f"{rule} {v:.4f}" for rule, v in regrets.items()))
 
 
 if __name__ == "__main__":
