@@ -49,6 +49,7 @@ bench: install-dev
 	$(BIN)/python experiments/bench/sweep_overhead.py
 	$(BIN)/python experiments/bench/population.py --dataset digits --sizes 100 500
 	$(BIN)/python experiments/bench/adpc_sigma_h.py --config experiments/quickstart.yaml
+	$(BIN)/python experiments/bench/adpc_read.py
 	$(BIN)/python experiments/bench/accounting_round.py
 	$(BIN)/python experiments/bench/tune_speed.py --lrs 2 --rounds 5 --final-seeds 2
 

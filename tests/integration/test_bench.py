@@ -83,3 +83,10 @@ def test_adpc_read():
     out = _run("adpc_read.py", "--trials", "2")
     rows = [line for line in out.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert len(rows) == 8 and all(len(r.split("|")) == 8 for r in rows)
+
+
+def test_make_bench_runs_every_script():
+    makefile = (REPO / "Makefile").read_text()
+    target = makefile[makefile.index("\nbench:"):].split("\n\n")[0]
+    assert {p.name for p in BENCH.glob("*.py")} == {line.split("experiments/bench/")[1].split()[0]
+                                                    for line in target.splitlines() if "experiments/bench/" in line}
