@@ -34,11 +34,14 @@ def main() -> None:
     p.add_argument("tune")
     p.add_argument("--results-dir", required=True)
     p.add_argument("--contestants", nargs="*", help="measure only these contestants (default: all)")
+    p.add_argument("--final-seeds", type=int, help="use only the first N final seeds (default: all)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     tune = load_tune(args.tune, ["runtime.executor=serial"])
     if args.contestants:
         tune = dataclasses.replace(tune, contestants=tuple(c for c in tune.contestants if c.label in args.contestants))
+    if args.final_seeds:
+        tune = dataclasses.replace(tune, final_seeds=tune.final_seeds[:args.final_seeds])
     search = search_runs(tune)
     every = [config_for(tune, c, cand, s) for s in tune.final_seeds for c in tune.contestants
              for cand in candidates(tune, c)]   # seed by seed: an interrupted measurement covers every candidate
@@ -68,7 +71,7 @@ def main() -> None:
                "candidates": [{"candidate": k.label, "val_mean": stats[(c.label, k)].mean,
                                "val_se": stats[(c.label, k)].se, "test_mean": v[0], "test_std": v[1]}
                               for k, v in test.items()],
-               "best": best.label, "best_test_mean": test[best][0]}
+               "best_candidate": best.label, "best_test_mean": test[best][0]}
         for (rule, sub), chosen in picks.items():
             pick = chosen[c.label]
             row.setdefault(rule, []).append({"tuning_seeds": list(sub), "pick": pick.label if pick else None,
