@@ -66,11 +66,12 @@ class RunSummary:
     row: dict[str, Any]
 
 
-class Backend(Protocol):
-    """Where a run's simulation executes, chosen once by the caller and passed in (as pfl-research
-    passes a ``Backend`` into ``run``): in this process (``raysim.runtime.serial.SerialBackend``) or
-    in a driver actor on Ray (``raysim.runtime.driver.RayBackend``); ``raysim.runtime.backend_for``
-    picks one from ``runtime.executor``. Nothing here imports the runtime."""
+class DriverHost(Protocol):
+    """Where a run's simulation (the server loop, the driver) executes, chosen once by the caller and passed in:
+    in this process (``raysim.runtime.serial.InProcessDriverHost``) or in a driver actor on Ray
+    (``raysim.runtime.driver.RayDriverHost``); ``raysim.runtime.driver_host_for`` picks one from
+    ``runtime.executor``. Where the clients train is the ``Executor`` (what pfl-research calls a backend).
+    Nothing here imports the runtime."""
 
     def start(self, cfg: Config, train: Any, test: Any, resume: bytes | None = None,
               state_dir: str | None = None) -> tuple[SetupRecord, Iterator[RoundRecord], dict[str, Any]]:
@@ -83,11 +84,11 @@ def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def run_experiment(cfg: Config, results_dir: str, backend: Backend, *, sweep_id: str | None = None,
+def run_experiment(cfg: Config, results_dir: str, host: DriverHost, *, sweep_id: str | None = None,
                    on_setup: Callable[[SetupRecord], None] | None = None,
                    on_round: Callable[[RoundRecord], None] | None = None,
                    data: tuple[Any, Any] | None = None, restart: bool = False) -> RunSummary:
-    """Execute ``cfg`` on ``backend`` and write its rows; returns the final runs row (status completed).
+    """Execute ``cfg`` on ``host`` and write its rows; returns the final runs row (status completed).
 
     A run whose runs row says ``running`` or ``failed`` (interrupted, pre-empted, killed) resumes
     from its last checkpoint (``<results_dir>/checkpoints/<run_id>/``, every
@@ -118,7 +119,7 @@ def run_experiment(cfg: Config, results_dir: str, backend: Backend, *, sweep_id:
     records: Any = None
     try:
         state_dir = sink.client_state_dir(run_id)
-        setup, records, placement = backend.start(cfg, train, test, resume=blob, state_dir=state_dir)
+        setup, records, placement = host.start(cfg, train, test, resume=blob, state_dir=state_dir)
         row.update(placement)
         row.update(clipping=setup.clipping, noise_multiplier=_finite_or_none(setup.max_noise_multiplier),
                    startup_seconds=setup.startup_seconds,
@@ -148,7 +149,7 @@ def run_experiment(cfg: Config, results_dir: str, backend: Backend, *, sweep_id:
                 on_round(rec)
     except BaseException as exc:
         close = getattr(records, "close", None)
-        if close is not None:   # end the backend's run (its actors) even if the stream never started
+        if close is not None:   # end the driver host's run (its actors) even if the stream never started
             close()
         from raysim.simulation import TrainingDiverged
         row.update(status="failed", error=f"{type(exc).__name__}: {exc}", end_time=now(), wall_seconds=time.perf_counter() - t0,

@@ -166,7 +166,7 @@ def run_placement(driver: Any) -> dict[str, str]:
     return {"client_nodes": json.dumps(nodes), "writer_node": ray.get_runtime_context().get_node_id()}
 
 
-class RayBackend:
+class RayDriverHost:
     """Runs the simulation in a driver actor on Ray (joining ``address`` or starting a local Ray);
     ``placement_group`` co-locates the run's actors (sweeps), ``pool`` lends warm actors (sweeps)."""
 
