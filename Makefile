@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: run test test-slow test-cluster bench install install-dev clean
+.PHONY: run test test-slow test-cluster lint bench install install-dev clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ run: install
 test: install-dev
 	$(BIN)/python -m pytest -q -m "not slow and not cluster" -n 2 --dist loadfile --durations=15
 
+# ruff with the rule set in pyproject.toml (pycodestyle errors and warnings, pyflakes); CI runs it.
+lint: install-dev
+	$(BIN)/ruff check .
+
 test-cluster: install-dev
 	$(BIN)/python -m pytest -q -m "cluster and not slow"
 
@@ -45,6 +49,8 @@ bench: install-dev
 	$(BIN)/python experiments/bench/sweep_overhead.py
 	$(BIN)/python experiments/bench/population.py --dataset digits --sizes 100 500
 	$(BIN)/python experiments/bench/adpc_sigma_h.py --config experiments/quickstart.yaml
+	$(BIN)/python experiments/bench/adpc_read.py
+	$(BIN)/python experiments/bench/accounting_round.py
 	$(BIN)/python experiments/bench/tune_speed.py --lrs 2 --rounds 5 --final-seeds 2
 
 clean:

@@ -40,8 +40,17 @@ CLIPPING_MODES = ("per_sample", "batch", "none")
 #: The resolved clipping of ``privacy.unit=client``: local training without DP, each client's whole update
 #: clipped to C, the server's noise on the cohort sum.
 UPDATE_CLIPPING = "update"
-#: Backbones of the top-level ``model`` key, built by ``raysim.models.model_for``.
+#: Backbones of the top-level ``model`` key, built by ``raysim.models.model_for``; a model registered from
+#: outside (``raysim.models.register_model``) is added to the ``model`` choices by ``add_choice``.
 MODEL_NAMES = ("cnn", "resnet18_gn", "wrn16_4")
+_EXTRA_CHOICES: dict[str, list[str]] = {}
+
+
+def add_choice(key: str, name: str) -> None:
+    """Accept ``name`` for the config key ``key`` (a registry that takes names from outside calls it)."""
+    names = _EXTRA_CHOICES.setdefault(key, [])
+    if name not in names:
+        names.append(name)
 
 
 class ConfigError(ValueError):
@@ -158,6 +167,7 @@ class Config:
     momentum: float = 0.0
     eval_batch_size: int = 1000
     eval_every: int = 1                # evaluate the global model every k rounds, and always after the last one
+    plugins: tuple[str, ...] = ()      # modules to import before names are resolved (raysim/plugins.py)
     data: DataConfig = field(default_factory=DataConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
@@ -257,6 +267,10 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
         if not isinstance(value, str):
             _fail(key, f"expected a string, got {value!r}")
         return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            _fail(key, f"expected a list, got {value!r}")
+        return tuple(_coerce(key, v, typing.get_args(annotation)[0]) for v in value)
     return value
 
 
@@ -289,6 +303,7 @@ def _build(cls: type, values: Mapping[str, Any], prefix: str = "") -> Any:
 
 
 def _choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    choices = (*choices, *_EXTRA_CHOICES.get(key, ()))
     if value not in choices:
         _fail(key, f"unknown value {value!r}; choose one of {', '.join(choices)}")
 
@@ -397,6 +412,9 @@ def _check_unit(cfg: Config) -> None:
 
 
 def config_from_dict(values: Mapping[str, Any]) -> Config:
+    from raysim import plugins   # the config's plugins register their methods, data sets and models first
+    named = values.get("plugins") if isinstance(values, Mapping) else None
+    plugins.load(named if isinstance(named, (list, tuple)) else ())
     return validate(_build(Config, values))
 
 
@@ -427,18 +445,44 @@ def cli_overrides(overrides: list[str] | tuple[str, ...], data_root: str | None 
     return pairs
 
 
+_MISSING: Any = object()
+
+
+def dotted_get(tree: Any, key: str, default: Any = _MISSING) -> Any:
+    """The value at the dotted ``key`` (``privacy.clip_norm``) of nested mappings or attributes (raw config
+    values, or a ``Config`` whose method sections are attributes too); ``default`` if a part is missing
+    (``KeyError`` without one). The one dotted-key reader of the project."""
+    node = tree
+    for part in key.split("."):
+        if isinstance(node, Mapping):
+            found = node.get(part, _MISSING)
+        else:
+            found = getattr(node, part, _MISSING)
+        if found is _MISSING:
+            if default is _MISSING:
+                raise KeyError(key)
+            return default
+        node = found
+    return node
+
+
+def dotted_set(tree: dict[str, Any], key: str, value: Any) -> None:
+    """Set the dotted ``key`` in nested dicts, creating sections as needed (the one dotted-key writer)."""
+    node = tree
+    parts = key.split(".")
+    for part in parts[:-1]:
+        nxt = node.setdefault(part, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"--set {key}: '{part}' is not a section")
+        node = nxt
+    node[parts[-1]] = value
+
+
 def apply_overrides(values: dict[str, Any], overrides: list[tuple[str, Any]]) -> dict[str, Any]:
     """Return a deep copy of ``values`` with dotted-key overrides applied."""
     out = json.loads(json.dumps(values))
     for key, value in overrides:
-        node = out
-        parts = key.split(".")
-        for part in parts[:-1]:
-            nxt = node.setdefault(part, {})
-            if not isinstance(nxt, dict):
-                raise ConfigError(f"--set {key}: '{part}' is not a section")
-            node = nxt
-        node[parts[-1]] = value
+        dotted_set(out, key, value)
     return out
 
 
@@ -532,6 +576,7 @@ def result_hash(cfg: Config) -> str:
     for key, default in _HASHED_UNLESS_DEFAULT:
         if values["privacy"].get(key) == default:
             del values["privacy"][key]
+    del values["plugins"]   # where the code comes from; the names it registers are in the config
     if _SECTION_IN_USE:
         for name, _ in cfg.sections:
             if not _SECTION_IN_USE[0](cfg, name):

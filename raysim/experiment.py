@@ -26,6 +26,10 @@ def check_config(cfg: Config) -> Config:
     cfg = resolve_preset(cfg)
     if cfg.data.name not in DATASETS:
         raise ConfigError(f"config key 'data.name': unknown dataset {cfg.data.name!r}; choose one of {', '.join(sorted(DATASETS))}")
+    from raysim.privacy.grad_sample import ENGINES   # the engine registry owns the names
+    if cfg.privacy.engine not in ENGINES:
+        raise ConfigError(f"config key 'privacy.engine': unknown value {cfg.privacy.engine!r}; "
+                          f"choose one of {', '.join(sorted(ENGINES))}")
     return cfg
 
 
@@ -62,11 +66,12 @@ class RunSummary:
     row: dict[str, Any]
 
 
-class Backend(Protocol):
-    """Where a run's simulation executes, chosen once by the caller and passed in (as pfl-research
-    passes a ``Backend`` into ``run``): in this process (``raysim.runtime.serial.SerialBackend``) or
-    in a driver actor on Ray (``raysim.runtime.driver.RayBackend``); ``raysim.runtime.backend_for``
-    picks one from ``runtime.executor``. Nothing here imports the runtime."""
+class DriverHost(Protocol):
+    """Where a run's simulation (the server loop, the driver) executes, chosen once by the caller and passed in:
+    in this process (``raysim.runtime.serial.InProcessDriverHost``) or in a driver actor on Ray
+    (``raysim.runtime.driver.RayDriverHost``); ``raysim.runtime.driver_host_for`` picks one from
+    ``runtime.executor``. Where the clients train is the ``Executor`` (what pfl-research calls a backend).
+    Nothing here imports the runtime."""
 
     def start(self, cfg: Config, train: Any, test: Any, resume: bytes | None = None,
               state_dir: str | None = None) -> tuple[SetupRecord, Iterator[RoundRecord], dict[str, Any]]:
@@ -79,11 +84,11 @@ def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def run_experiment(cfg: Config, results_dir: str, backend: Backend, *, sweep_id: str | None = None,
+def run_experiment(cfg: Config, results_dir: str, host: DriverHost, *, sweep_id: str | None = None,
                    on_setup: Callable[[SetupRecord], None] | None = None,
                    on_round: Callable[[RoundRecord], None] | None = None,
                    data: tuple[Any, Any] | None = None, restart: bool = False) -> RunSummary:
-    """Execute ``cfg`` on ``backend`` and write its rows; returns the final runs row (status completed).
+    """Execute ``cfg`` on ``host`` and write its rows; returns the final runs row (status completed).
 
     A run whose runs row says ``running`` or ``failed`` (interrupted, pre-empted, killed) resumes
     from its last checkpoint (``<results_dir>/checkpoints/<run_id>/``, every
@@ -104,7 +109,7 @@ def run_experiment(cfg: Config, results_dir: str, backend: Backend, *, sweep_id:
         kept = sink.read_run_rounds(run_id)   # rounds after `done` were just deleted
         if len(kept):
             best_acc, best_f1 = float(kept["test_accuracy"].max()), float(kept["test_f1"].max())
-        row = {**previous, "status": "running", "error": None, "end_time": None, "rounds_completed": done}
+        row = {**previous, "status": "running", "error": None, "diverged": None, "end_time": None, "rounds_completed": done}
     else:
         sink.clear_run(run_id)
         sink.delete_checkpoint(run_id)
@@ -114,7 +119,7 @@ def run_experiment(cfg: Config, results_dir: str, backend: Backend, *, sweep_id:
     records: Any = None
     try:
         state_dir = sink.client_state_dir(run_id)
-        setup, records, placement = backend.start(cfg, train, test, resume=blob, state_dir=state_dir)
+        setup, records, placement = host.start(cfg, train, test, resume=blob, state_dir=state_dir)
         row.update(placement)
         row.update(clipping=setup.clipping, noise_multiplier=_finite_or_none(setup.max_noise_multiplier),
                    startup_seconds=setup.startup_seconds,
@@ -144,9 +149,11 @@ def run_experiment(cfg: Config, results_dir: str, backend: Backend, *, sweep_id:
                 on_round(rec)
     except BaseException as exc:
         close = getattr(records, "close", None)
-        if close is not None:   # end the backend's run (its actors) even if the stream never started
+        if close is not None:   # end the driver host's run (its actors) even if the stream never started
             close()
-        row.update(status="failed", error=f"{type(exc).__name__}: {exc}", end_time=now(), wall_seconds=time.perf_counter() - t0)
+        from raysim.simulation import TrainingDiverged
+        row.update(status="failed", error=f"{type(exc).__name__}: {exc}", end_time=now(), wall_seconds=time.perf_counter() - t0,
+                   diverged=any(isinstance(e, TrainingDiverged) for e in (exc, getattr(exc, "cause", None))))
         sink.write_run(row)
         raise
     row.update(status="completed", end_time=now(), wall_seconds=time.perf_counter() - t0)

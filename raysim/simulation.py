@@ -50,8 +50,9 @@ from raysim.training import sample_rate, steps_per_epoch
 
 #: Version of the checkpoint layout written by :meth:`Simulation.state`; a checkpoint of another version
 #: is refused (the run restarts with ``--restart``), never migrated. Raise it whenever the layout
-#: changes: version 2 records the release context (client device type, thread count).
-CHECKPOINT_FORMAT = 2
+#: changes: version 2 records the release context (client device type, thread count); version 3 stores
+#: each ledger's accountant as its ``Accountant.state()``.
+CHECKPOINT_FORMAT = 3
 
 
 class CheckpointError(ValueError):

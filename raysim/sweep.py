@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from raysim.config import (Config, ConfigError, apply_overrides, cli_overrides, config_from_dict, config_to_dict,
-                           read_yaml)
+                           dotted_get, read_yaml)
 
 __all__ = ["Sweep", "load_sweep", "expand_sweep", "check_sweep", "read_statuses", "sweep_id_for", "run_label"]
 
@@ -74,18 +74,16 @@ def _flatten(values: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str,
 
 def _lookup(values: Mapping[str, Any], key: str) -> Any:
     """The value of a dotted key in raw config values, falling back to the Config default."""
-    node: Any = values
-    for part in key.split("."):
-        if isinstance(node, Mapping) and part in node:
-            node = node[part]
-            continue
-        node = config_to_dict(Config())     # method sections included, at their defaults
-        for p in key.split("."):
-            if not isinstance(node, Mapping) or p not in node:
-                raise ConfigError(f"sweep overrides: unknown config key '{key}' in `when`")
-            node = node[p]
-        return node
-    return node
+    found = dotted_get(values, key, _UNSET)
+    if found is not _UNSET:
+        return found
+    try:                                    # method sections included, at their defaults
+        return dotted_get(config_to_dict(Config()), key)
+    except KeyError:
+        raise ConfigError(f"sweep overrides: unknown config key '{key}' in `when`") from None
+
+
+_UNSET = object()
 
 
 @dataclass(frozen=True)

@@ -107,5 +107,5 @@ def local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, hooks: Clien
             seen += private.batch_size
             step += 1
     total = sum(c for _, c in losses)
-    train_loss = sum(l * c for l, c in losses) / total if total else float("nan")
+    train_loss = sum(loss * c for loss, c in losses) / total if total else float("nan")
     return LocalStats(step, float(train_loss), clipped / seen if seen else 0.0)

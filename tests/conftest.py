@@ -11,6 +11,15 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 REPO = Path(__file__).resolve().parents[1]
+INTEGRATION = REPO / "tests" / "integration"
+
+
+def pytest_collection_modifyitems(config, items):
+    """``integration`` means one thing: a test under tests/integration/ (end to end through the simulator or
+    the CLI); ``-m integration`` selects them, ``-m "not integration"`` the unit tests."""
+    for item in items:
+        if INTEGRATION in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")

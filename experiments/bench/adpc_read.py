@@ -27,7 +27,7 @@ def trial(rng: np.random.Generator, edges: np.ndarray, clients: int, true_median
     for n in rng.integers(30, 60, size=clients):
         x = np.exp(rng.normal(math.log(true_median), 0.8, n))
         norms.append(x)
-        h = example_norm_histogram([(np.arange(n), x)], edges, int(n))
+        h = example_norm_histogram(x, edges)
         hists.append(h + rng.normal(0.0, sigma_h, h.shape))
     truth = math.log(float(np.median(np.concatenate(norms))))
     pooled = math.log(pooled_histogram_quantile(hists, edges, 0.5)) - truth

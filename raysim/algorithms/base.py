@@ -41,14 +41,20 @@ class MethodContext:
     layer_slices: tuple[tuple[int, int], ...]   # [start, end) of each parametrised layer in the flat vector
     num_samples: np.ndarray            # n_i, local training-set sizes
     num_steps: np.ndarray              # τ_i, local steps per round
-    noise_multipliers: np.ndarray      # σ_i (base, before any per-round schedule); 0 without DP. Under partial
-                                       # participation filled in by the simulation as clients are first
-                                       # planned (NaN until then); always set for a round's participants
+    noise_multipliers: np.ndarray      # σ_i (base, before any per-round schedule); 0 without DP. A read-only
+                                       # view of the privacy book's plan, which under partial participation
+                                       # the book fills as clients are first planned (NaN until then);
+                                       # always set for a round's participants
     #: macro-F1 of flat weights on the public server hold-out (``data.server_holdout``), or None without one
     holdout_f1: Callable[[torch.Tensor], float] | None = None
     #: ``privacy.unit=client``: the population's noise plan, a ``raysim.privacy.population.ClientLevelPlan``
     #: (the server noises the cohort's clipped sum); None under ``privacy.unit=example``
     client_level: Any = None
+
+    def __post_init__(self) -> None:
+        view = np.asarray(self.noise_multipliers, dtype=np.float64).view()
+        view.flags.writeable = False          # the plan is the book's to fill, never a method's
+        object.__setattr__(self, "noise_multipliers", view)
 
 
 @dataclass

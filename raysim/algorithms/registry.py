@@ -3,7 +3,8 @@
 Registering a :class:`~raysim.algorithms.base.MethodSpec` registers its config sections (``params``)
 with the config parser; the results schema reads the columns each registered method declares.
 The built-in methods are found by discovery: every module of the ``raysim.algorithms`` package is
-imported once, the first time the registry is asked, and each registers itself. A method defined
+imported once, the first time the registry is asked, and each registers itself; then the plugins
+(:mod:`raysim.plugins`: entry points, the config's ``plugins`` modules) are imported. A method defined
 anywhere else registers itself when its module is imported.
 
 This module imports neither torch nor the method modules at import time; ``raysim/__init__.py``
@@ -14,10 +15,10 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from raysim.config import (Config, ConfigError, add_section_loader, config_from_dict, config_to_dict,
-                           register_section, set_preset_resolver, set_section_use, unregister_section)
+from raysim.config import (Config, ConfigError, add_section_loader, config_from_dict, config_to_dict, dotted_get,
+                           dotted_set, register_section, set_preset_resolver, set_section_use, unregister_section)
 
 if TYPE_CHECKING:
     from raysim.algorithms.base import MethodSpec
@@ -34,6 +35,21 @@ def register(spec: "MethodSpec") -> "MethodSpec":
         register_section(name, cls)
     _METHODS[spec.name] = spec
     return spec
+
+
+def origin(spec: "MethodSpec") -> str:
+    """Where a registered method comes from: built in, a plugin (entry point or the config's ``plugins``),
+    or another module that registered it when it was imported."""
+    from raysim import plugins
+    module = getattr(spec.server, "__module__", "") or ""
+    if module.startswith("raysim."):
+        return f"built in ({module})"
+    parts = module.split(".")
+    for i in range(len(parts), 0, -1):
+        found = plugins.origin_of(".".join(parts[:i]))
+        if found:
+            return f"{found}, module {module}"
+    return f"module {module}"
 
 
 def unregister(name: str) -> None:
@@ -59,13 +75,6 @@ def all_methods() -> list["MethodSpec"]:
     return [_METHODS[n] for n in sorted(_METHODS)]
 
 
-def _lookup(tree: dict[str, Any], dotted: str) -> tuple[dict[str, Any], str]:
-    *parents, leaf = dotted.split(".")
-    for part in parents:
-        tree = tree[part]
-    return tree, leaf
-
-
 def resolve_preset(cfg: Config) -> Config:
     """Apply the preset switches of ``cfg.method`` (e.g. ``feddimdp-no-adpc`` sets ``feddimdp.adpc=false``).
 
@@ -77,11 +86,11 @@ def resolve_preset(cfg: Config) -> Config:
         return spec.resolve(cfg)
     values = config_to_dict(cfg)
     for key, wanted in spec.preset.items():
-        node, leaf = _lookup(values, key)
-        if node[leaf] is not None and node[leaf] != wanted:
+        given = dotted_get(values, key)
+        if given is not None and given != wanted:
             raise ConfigError(f"config key '{key}': method {cfg.method!r} is the preset {key}={wanted}; "
                               f"use method {spec.preset_of!r} to choose the switches yourself")
-        node[leaf] = wanted
+        dotted_set(values, key, wanted)
     return spec.resolve(config_from_dict(values))
 
 
@@ -95,6 +104,8 @@ def load_methods() -> None:
     package = importlib.import_module("raysim.algorithms")
     for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
         importlib.import_module(f"raysim.algorithms.{info.name}")
+    from raysim import plugins
+    plugins.load()
 
 
 def section_in_use(cfg: Config, name: str) -> bool:

@@ -11,7 +11,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
-    from raysim.algorithms.registry import all_methods
+    from raysim.algorithms.registry import all_methods, origin
     specs = all_methods()
     width = max(len(s.name) for s in specs)
     units = {s.name: "+".join(s.units()) for s in specs}
@@ -19,6 +19,7 @@ def cmd_methods(args: argparse.Namespace) -> int:
     for s in specs:
         kind = "DP " if s.private else "   "
         print(f"{s.name:<{width}}  {kind} {units[s.name]:<{unit_width}}  {s.summary}")
+        print(f"{'':<{width}}      from: {origin(s)}")
     print("\nDP = differentially private by default; the others take privacy.epsilon to become DP variants.")
     print("example / client = the privacy units a method supports (privacy.unit). Under the client unit:")
     from raysim.config import Config

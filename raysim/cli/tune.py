@@ -56,35 +56,66 @@ def print_comparison(tune: Any, table: list[dict[str, Any]], stage: str, title: 
         r["ci"] = _ci(r, "ci_low", "ci_high")
         if "diff" in r:
             r["delta"] = "" if math.isnan(r["diff"]) else f"{r['diff']:+.4f} {_ci(r, 'diff_low', 'diff_high')}"
+            r["adjusted"] = _ci(r, "adj_low", "adj_high")
+            r["verdict"] = "yes" if r["significant"] else "no"
         elif r["contestant"] == tune.reference:
             r["delta"] = "reference"
+    family = next((r["family"] for r in rows if "family" in r), 0)
     print(f"\n{title}")
     columns = [("contestant", "contestant"), ("chosen", "hyperparameters"), ("seeds", "seeds"),
                ("mean_std", f"test {tune.objective} mean ± std"), ("ci", "95% CI")]
     if tune.reference:
-        columns.append(("delta", f"paired Δ vs {tune.reference} (95% CI)"))
+        columns += [("delta", f"paired Δ vs {tune.reference} (95% CI, unadjusted)"),
+                    ("adjusted", f"Bonferroni-adjusted CI (m = {family})"), ("verdict", "significant")]
     print_table(rows, columns)
+    if tune.reference and family:
+        print(f"Significant: the Bonferroni-adjusted interval ({family} comparisons against {tune.reference}, "
+              f"each at level 1 − 0.05/{family}) excludes 0; the unadjusted intervals are for one comparison alone.")
 
 
-def privacy_statement(tune: Any, table: list[dict[str, Any]], delta: float) -> str:
-    """In words: that the tuning's privacy cost is not counted, or (private mode) what it is."""
+def print_candidates(tune: Any, runs: Sequence[Any], rows: Mapping[str, Mapping[str, Any] | None],
+                     chosen: Mapping[str, Any]) -> None:
+    """Each candidate's mean validation objective ± its standard error, and which one the selection rule chose."""
+    from raysim.tune.select import candidate_stats
+    stats = candidate_stats(tune, runs, rows)
+    print(f"Validation {tune.objective} over tuning seeds {list(tune.tuning_seeds)} (mean ± SE: seeds and hold-out "
+          f"images); selection: {tune.selection}")
+    for c in tune.contestants:
+        if chosen[c.label] is None:
+            print(f"  {c.label}: every candidate failed or diverged; no final runs")
+            continue
+        cells = [f"{cand.label} {s.mean:.4f} ± {s.se:.4f}" + (" *" if cand == chosen[c.label] else "")
+                 if math.isfinite(s.mean) else f"{cand.label} failed" for (label, cand), s in stats.items()
+                 if label == c.label]
+        print(f"  {c.label}: " + "; ".join(cells) + "   (* chosen)")
+
+
+def privacy_statement(tune: Any, table: list[dict[str, Any]], deltas: Mapping[str, float],
+                      uncovered: Mapping[str, str] | None = None) -> str:
+    """In words: that the tuning's privacy cost is not counted, or (private mode) what it is. ``deltas``: δ of
+    each contestant's runs; ``uncovered``: each contestant's ``not_covered_by_epsilon`` (empty: none)."""
     search = [r for r in table if r["stage"] == "search"]
+    gaps = {label: text for label, text in (uncovered or {}).items() if text}
+    caveat = ("" if not gaps else " Uploads outside ε stay outside it, tuning or not: "
+              + "; ".join(f"{label}: {text}" for label, text in gaps.items()) + ".")
     if not tune.private:
         cands = len({(r["contestant"], r["candidate"]) for r in search})
         return (f"Privacy: ε above is per training run; the tuning's privacy cost is NOT included (the field's common "
                 f"practice). {cands} candidate configurations were trained on the clients' data on "
                 f"{len(tune.tuning_seeds)} tuning seed(s) ({len(search)} training runs), before the "
-                f"{len(tune.final_seeds)} final seeds.")
+                f"{len(tune.final_seeds)} final seeds." + caveat)
     draws = [r for r in table if r["stage"] == "private"]
     worst: dict[str, float] = {}
     for r in draws:
         if math.isfinite(r["released_epsilon"]):
             worst[r["contestant"]] = max(worst.get(r["contestant"], 0.0), r["released_epsilon"])
-    parts = [f"{label} ε ≤ {eps:.3f}" for label, eps in worst.items()]
+    parts = [f"{label} ε ≤ {eps:.3f} at δ = {deltas[label]:g}" for label, eps in worst.items()]
     return (f"Privacy (private tuning, Papernot & Steinke 2022): on each final seed the number of candidates K was "
-            f"drawn from {tune.count.describe()} (E[K] = {tune.count.mean:.2f}; {len(draws)} draws in all), each "
-            f"trained with its own randomness, and only the best by validation was released. ε of the released "
-            f"model, tuning included, at δ = {delta:g} (largest over the final seeds): " + "; ".join(parts) + ".")
+            f"drawn from {tune.count.describe()} (E[K] = {tune.count.mean:.2f}; {len(draws)} draws over the "
+            f"{len(tune.final_seeds)} final seeds), each trained with its own randomness, and only the best by "
+            f"validation was released. ε of the released model, tuning included (largest over the final seeds): "
+            + "; ".join(parts) + ". It covers the released model only: the draws' validation scores and test "
+            "metrics printed here are not covered." + caveat)
 
 
 def private_epsilons(tune: Any, runs: Sequence[Any], rows: Mapping[str, Mapping[str, Any] | None]
@@ -106,8 +137,8 @@ def private_epsilons(tune: Any, runs: Sequence[Any], rows: Mapping[str, Mapping[
             if drawn and not curves:
                 raise ConfigError(f"tune contestant {c.label}, seed {seed}: no draw completed, so no RDP curve "
                                   f"bounds the tuning; rerun the tune")
-            out[(c.label, seed)] = (tuned_epsilon(curves, ORDERS, runs[0].cfg.privacy.delta, tune.count)
-                                    if curves else 0.0)
+            delta = next(r.cfg.privacy.delta for r in runs if r.contestant == c.label)
+            out[(c.label, seed)] = tuned_epsilon(curves, ORDERS, delta, tune.count) if curves else 0.0
     return out
 
 
@@ -116,6 +147,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from raysim.sweep import sweep_id_for
     from raysim.tune import (choose, edge_choices, final_runs, load_tune, private_runs, released, search_runs,
                              tuning_rows)
+    from raysim.tune.select import close_calls
     check_sweep_options(args)
     tune = load_tune(args.tune, args.overrides, args.data_root, args.address)
     results_dir = args.results_dir if "://" in args.results_dir else os.path.abspath(args.results_dir)
@@ -136,9 +168,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                   f"{len(tune.final_seeds)} final seeds, tuned and fixed)")
             return 0
         chosen = choose(tune, runs, rows)
-        for c in tune.contestants:
-            print(f"  {c.label}: " + (chosen[c.label].label if chosen[c.label] is not None
-                                      else "every candidate failed or diverged; no final runs"))
+        print_candidates(tune, runs, rows, chosen)
         final = final_runs(tune, chosen)
         rows = {**rows, **_run_stage(tune, "final", final, results_dir, args)}
         chosen_ids = {r.run_id for r in runs if chosen[r.contestant] == r.candidate}
@@ -156,7 +186,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
     edges = edge_choices(table)
     if edges:
         print("\nAt the edge of the search space:\n" + "\n".join(f"  {line}" for line in edges))
-    print("\n" + privacy_statement(tune, table, runs[0].cfg.privacy.delta))
+    if not tune.private:
+        close = close_calls(tune, runs, rows, chosen)
+        if close:
+            print("\nWithin one standard error of the runner-up:\n" + "\n".join(f"  {line}" for line in close))
+    deltas = {r.contestant: r.cfg.privacy.delta for r in runs}
+    uncovered = {r.contestant: (rows.get(r.run_id) or {}).get("not_covered_by_epsilon") or "" for r in runs
+                 if r.stage == "fixed"}
+    print("\n" + privacy_statement(tune, table, deltas, uncovered))
     print(f"\nResults (Parquet, tune_id {tune_id}): {results_dir}/tuning, /runs, /rounds, /clients")
     bad = [r for r in table if r["status"] not in ("completed", "diverged")]
     if bad:

@@ -8,6 +8,7 @@ from raysim.data.registry import (
     DatasetNotFoundError,
     dataset_names,
     load_dataset,
+    register_dataset,
     to_float_tensor,
 )
 
@@ -18,6 +19,7 @@ __all__ = [
     "DatasetNotFoundError",
     "dataset_names",
     "load_dataset",
+    "register_dataset",
     "to_float_tensor",
     "PARTITIONERS",
     "partition",

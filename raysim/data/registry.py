@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -24,6 +25,7 @@ __all__ = [
     "SPLITS",
     "dataset_names",
     "load_dataset",
+    "register_dataset",
     "to_float_tensor",
 ]
 
@@ -67,6 +69,33 @@ DATASETS: dict[str, DatasetInfo] = {
 }
 
 _PRETTY = {"cifar10": "CIFAR-10", "svhn": "SVHN", "stl10": "STL-10"}
+
+#: Data sets registered from outside raysim: name -> loader(split, root) -> (x uint8 NHWC, y int64).
+_LOADERS: dict[str, Callable[[str, str | None], tuple[np.ndarray, np.ndarray]]] = {}
+
+
+def register_dataset(info: DatasetInfo, loader: Callable[[str, str | None], tuple[np.ndarray, np.ndarray]]
+                     ) -> DatasetInfo:
+    """Make ``data.name: info.name`` load ``loader(split, data.root)``: uint8 images (N, H, W, C) of
+    ``info``'s shape and int64 labels in [0, num_classes). Refuses a taken name."""
+    if info.name in DATASETS:
+        raise ValueError(f"dataset {info.name!r} is already registered")
+    DATASETS[info.name] = info
+    _LOADERS[info.name] = loader
+    return info
+
+
+def _load_registered(name: str, split: str, root: str | None) -> tuple[np.ndarray, np.ndarray]:
+    info = DATASETS[name]
+    x, y = _LOADERS[name](split, root)
+    x, y = np.asarray(x), np.asarray(y)
+    if x.dtype != np.uint8 or x.shape[1:] != (info.image_size, info.image_size, info.channels):
+        raise ValueError(f"dataset {name!r}: the loader returned {x.dtype} images of shape {x.shape[1:]}, expected "
+                         f"uint8 ({info.image_size}, {info.image_size}, {info.channels})")
+    if y.shape != (x.shape[0],) or y.min(initial=0) < 0 or y.max(initial=0) >= info.num_classes:
+        raise ValueError(f"dataset {name!r}: the loader returned labels of shape {y.shape}, expected ({x.shape[0]},) "
+                         f"in [0, {info.num_classes})")
+    return x, y.astype(np.int64)
 
 
 def dataset_names() -> list[str]:
@@ -127,7 +156,9 @@ def load_dataset(name: str, split: str, root: str | None, *, download: bool = Fa
         raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(dataset_names())}")
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
-    if name == "digits":
+    if name in _LOADERS:
+        x, y = _load_registered(name, split, root)
+    elif name == "digits":
         x, y = _readers.read_digits(split)
     else:
         x, y = _load_files(name, split, root, download, cache_dir)

@@ -2,27 +2,48 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from torch import nn
 
-from raysim.config import MODEL_NAMES
+from raysim.config import MODEL_NAMES, add_choice
 from raysim.models.backbones import resnet18_gn, wrn16_4
 from raysim.models.cnn import CNN, build_model, count_parameters, init_parameters
 
-__all__ = ["CNN", "build_model", "build_backbone", "count_parameters", "init_parameters", "model_for"]
+__all__ = ["CNN", "build_model", "build_backbone", "count_parameters", "init_parameters", "model_for",
+           "register_model", "model_names"]
+
+#: Models registered from outside raysim: name -> builder(in_channels, image_size, num_classes, **options).
+_REGISTERED: dict[str, Callable[..., nn.Module]] = {}
+
+
+def register_model(name: str, builder: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+    """Make ``model: NAME`` build ``builder(in_channels, image_size, num_classes, **options)`` (``options``:
+    the method's ``model_options``, empty for methods that do not change the model). Refuses a taken name."""
+    if name in MODEL_NAMES or name in _REGISTERED:
+        raise ValueError(f"model {name!r} is already registered")
+    _REGISTERED[name] = builder
+    add_choice("model", name)
+    return builder
+
+
+def model_names() -> list[str]:
+    return [*MODEL_NAMES, *_REGISTERED]
 
 
 def build_backbone(name: str, in_channels: int, image_size: int, num_classes: int, *, lldm: bool = False,
                    lldm_reduction: float = 0.5, lldm_keep_fraction: float = 0.5) -> nn.Module:
     """``name`` in ``MODEL_NAMES``; ``lldm=True`` inserts FedDimDP's LLDM block after the last conv
     block (for the residual nets: after the last stage, before global average pooling)."""
+    if name in _REGISTERED:
+        options = {"lldm": lldm, "lldm_reduction": lldm_reduction, "lldm_keep_fraction": lldm_keep_fraction}
+        return _REGISTERED[name](in_channels, image_size, num_classes, **({} if not lldm else options))
     if name == "cnn":
         return build_model(in_channels, image_size, num_classes, lldm=lldm, lldm_reduction=lldm_reduction,
                            lldm_keep_fraction=lldm_keep_fraction)
     builders = {"resnet18_gn": resnet18_gn, "wrn16_4": wrn16_4}
     if name not in builders:
-        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(model_names())}")
     return builders[name](in_channels, image_size, num_classes, lldm_reduction=lldm_reduction if lldm else None,
                           lldm_keep_fraction=lldm_keep_fraction if lldm else None)
 

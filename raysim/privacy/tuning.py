@@ -60,11 +60,10 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-import dp_accounting
 import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from raysim.privacy.accounting import StepEvent, _merge
+from raysim.privacy.accounting import RDPAccountant, StepEvent, _merge
 
 __all__ = [
     "ORDERS",
@@ -108,17 +107,16 @@ def rdp_curve(events: Sequence[StepEvent], orders: Sequence[float] = ORDERS) -> 
     """RDP ε(λ) at ``orders`` of the composition of ``events`` (add/remove-one neighbours).
 
     Each :class:`~raysim.privacy.accounting.StepEvent` is ``count`` steps of the Poisson-subsampled
-    Gaussian mechanism (a plain Gaussian for q = 1), composed by ``dp_accounting.rdp.RdpAccountant``
-    in the canonical order :func:`raysim.privacy.accounting.compute_epsilon` uses. No events: zeros;
+    Gaussian mechanism (a plain Gaussian for q = 1), composed by the registered ``rdp`` accountant
+    (:class:`~raysim.privacy.accounting.RDPAccountant`, dp-accounting's public RDP API) in the canonical order :func:`raysim.privacy.accounting.compute_epsilon` uses. No events: zeros;
     an event with steps and no noise: ``inf`` at every order.
     """
     order_arr = _orders_array(orders)
     merged = _merge(events)
-    acc = rdp_privacy_accountant.RdpAccountant(orders=list(order_arr))
-    if merged:
-        acc.compose(dp_accounting.ComposedDpEvent([e.to_dp_event() for e in merged]))
-    # dp_accounting 0.6.0 has no public getter for the composed curve; ``_rdp`` is it.
-    return np.array(acc._rdp, dtype=np.float64)
+    acc = RDPAccountant(tuple(float(o) for o in order_arr))
+    for event in merged:
+        acc.compose(event)
+    return acc.curve
 
 
 def max_rdp_curve(event_lists: Iterable[Sequence[StepEvent]], orders: Sequence[float] = ORDERS) -> np.ndarray:

@@ -19,6 +19,7 @@ F64, I64, STR = pa.float64(), pa.int64(), pa.string()
 RUNS = pa.schema([
     ("run_id", STR), ("sweep_id", STR), ("method", STR), ("dataset", STR), ("partition", STR), ("alpha", F64),
     ("seed", I64), ("num_clients", I64), ("rounds", I64), ("config", STR), ("status", STR), ("error", STR),
+    ("diverged", pa.bool_()),                      # failed because training diverged (raysim.simulation.TrainingDiverged)
     ("start_time", pa.timestamp("us", tz="UTC")), ("end_time", pa.timestamp("us", tz="UTC")),
     ("rounds_completed", I64), ("final_test_accuracy", F64), ("final_test_f1", F64), ("final_test_loss", F64),
     ("best_test_accuracy", F64), ("best_test_f1", F64),

@@ -1,6 +1,6 @@
-"""Where clients run: the backends that ``raysim.experiment.run_experiment`` is given.
+"""Where clients run: the driver hosts that ``raysim.experiment.run_experiment`` is given.
 
-This package is the only one in raysim that imports ray, and it does so only when a Ray backend
+This package is the only one in raysim that imports ray, and it does so only when a Ray driver host
 is chosen. It sits above ``experiment``: it imports it, never the other way round. Nothing is
 imported at package level: a client actor imports ``raysim.runtime.ray_executor``, and must not
 pull in the server side (``experiment``, the results tables, the accountants) on the way.
@@ -13,26 +13,26 @@ from typing import TYPE_CHECKING, Any
 from raysim.config import Config
 
 if TYPE_CHECKING:
-    from raysim.experiment import Backend, RunSummary
+    from raysim.experiment import DriverHost, RunSummary
 
-__all__ = ["backend_for", "execute", "execute_row"]
+__all__ = ["driver_host_for", "execute", "execute_row"]
 
 
-def backend_for(cfg: Config, placement_group: Any = None, pool: Any = None) -> "Backend":
-    """The backend ``runtime.executor`` names: serial (in process) or Ray (``runtime.address``);
+def driver_host_for(cfg: Config, placement_group: Any = None, pool: Any = None) -> "DriverHost":
+    """The driver host ``runtime.executor`` names: serial (in process) or Ray (``runtime.address``);
     ``pool`` is a sweep's warm-actor pool (Ray only)."""
     if cfg.runtime.executor == "serial":
-        from raysim.runtime.serial import SerialBackend
-        return SerialBackend()
-    from raysim.runtime.driver import RayBackend
-    return RayBackend(cfg.runtime.address, placement_group, pool)
+        from raysim.runtime.serial import InProcessDriverHost
+        return InProcessDriverHost()
+    from raysim.runtime.driver import RayDriverHost
+    return RayDriverHost(cfg.runtime.address, placement_group, pool)
 
 
 def execute(cfg: Config, results_dir: str, *, placement_group: Any = None, pool: Any = None,
             **kwargs: Any) -> "RunSummary":
-    """Run ``cfg`` on the backend it names (:func:`backend_for`); ``kwargs`` go to ``run_experiment``."""
+    """Run ``cfg`` on the driver host it names (:func:`driver_host_for`); ``kwargs`` go to ``run_experiment``."""
     from raysim.experiment import run_experiment
-    return run_experiment(cfg, results_dir, backend_for(cfg, placement_group, pool), **kwargs)
+    return run_experiment(cfg, results_dir, driver_host_for(cfg, placement_group, pool), **kwargs)
 
 
 def execute_row(cfg: Config, results_dir: str, *, sweep_id: str | None = None, placement_group: Any = None,

@@ -65,7 +65,9 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     if ray.is_initialized():
         return
     import os
-    kwargs: dict[str, Any] = {"log_to_driver": False, "configure_logging": True, "logging_level": "ERROR"}
+    from raysim import plugins   # every worker imports the plugins (Ray's worker_process_setup_hook)
+    kwargs: dict[str, Any] = {"log_to_driver": False, "configure_logging": True, "logging_level": "ERROR",
+                              "runtime_env": plugins.runtime_env()}
     if address or os.environ.get("RAY_ADDRESS"):
         ray.init(address=address or os.environ["RAY_ADDRESS"], **kwargs)
     else:
@@ -164,7 +166,7 @@ def run_placement(driver: Any) -> dict[str, str]:
     return {"client_nodes": json.dumps(nodes), "writer_node": ray.get_runtime_context().get_node_id()}
 
 
-class RayBackend:
+class RayDriverHost:
     """Runs the simulation in a driver actor on Ray (joining ``address`` or starting a local Ray);
     ``placement_group`` co-locates the run's actors (sweeps), ``pool`` lends warm actors (sweeps)."""
 

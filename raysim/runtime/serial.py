@@ -43,7 +43,7 @@ class SerialExecutor:
         self.runner = None
 
 
-class SerialBackend:
+class InProcessDriverHost:
     """Runs the whole simulation in this process, clients one after another (no Ray)."""
 
     def start(self, cfg: Config, train: Any, test: Any, resume: bytes | None = None,

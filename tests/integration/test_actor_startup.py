@@ -8,7 +8,6 @@ import pytest
 from raysim.config import config_from_dict
 from raysim.data import load_dataset
 
-pytestmark = pytest.mark.integration
 
 #: Server-side or user-facing packages that must never load in a client actor.
 FORBIDDEN = ("pandas", "pyarrow", "matplotlib", "sklearn", "raysim.cli", "raysim.experiment", "raysim.results",

@@ -70,3 +70,23 @@ def test_tune_speed():
     out = json.loads(_run("tune_speed.py", "--lrs", "2", "--rounds", "1", "--tuning-seeds", "1", "--final-seeds", "1",
                           "--json"))
     assert out["runs"] > 0 and out["rerun_ran_nothing"] is True
+
+
+def test_accounting_round():
+    rows = json.loads(_run("accounting_round.py", "--rounds", "3", "--json"))
+    assert {(r["accountant"], r["schedule"]) for r in rows} == {(a, s) for a in ("pld", "rdp")
+                                                                for s in ("constant", "decaying")}
+    assert all(r["median_round_ms"] > 0 and 0 < r["epsilon"] < 100 for r in rows)
+
+
+def test_adpc_read():
+    out = _run("adpc_read.py", "--trials", "2")
+    rows = [line for line in out.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == 8 and all(len(r.split("|")) == 8 for r in rows)
+
+
+def test_make_bench_runs_every_script():
+    makefile = (REPO / "Makefile").read_text()
+    target = makefile[makefile.index("\nbench:"):].split("\n\n")[0]
+    assert {p.name for p in BENCH.glob("*.py")} == {line.split("experiments/bench/")[1].split()[0]
+                                                    for line in target.splitlines() if "experiments/bench/" in line}

@@ -15,7 +15,7 @@ import pytest
 from raysim.results import read_table
 from tests.conftest import REPO
 
-pytestmark = [pytest.mark.integration, pytest.mark.cluster]
+pytestmark = pytest.mark.cluster
 
 SCRIPT = r"""
 import json, sys

@@ -11,7 +11,7 @@ from raysim.runtime import execute
 from raysim.results import read_table
 from tests.helpers import tiny_config
 
-pytestmark = [pytest.mark.integration, pytest.mark.cluster]   # kills actors: make test-cluster
+pytestmark = pytest.mark.cluster   # kills actors: make test-cluster
 
 
 def _tables(folder) -> tuple[pd.DataFrame, pd.DataFrame]:

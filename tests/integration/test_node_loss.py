@@ -20,7 +20,7 @@ from raysim.sweep import load_sweep
 from tests.integration.test_sweep_cluster import (REPO, _proc_table, ray_env, start_two_nodes, stop_process_trees,
                                                   stop_processes_under)
 
-pytestmark = [pytest.mark.integration, pytest.mark.cluster]
+pytestmark = pytest.mark.cluster
 
 SWEEP = {
     "name": "nodeloss",

@@ -23,7 +23,7 @@ import pytest
 from raysim.results import read_table
 from raysim.sweep import load_sweep
 
-pytestmark = [pytest.mark.integration, pytest.mark.cluster]
+pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -10,7 +10,7 @@ from raysim.runtime import execute, execute_row
 from raysim.runtime.sweep_runner import run_sweep
 from tests.helpers import tiny_config
 
-pytestmark = [pytest.mark.integration, pytest.mark.cluster]
+pytestmark = pytest.mark.cluster
 
 
 def _tables(folder, run_id: str) -> tuple[pd.DataFrame, pd.DataFrame]:

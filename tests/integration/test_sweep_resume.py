@@ -25,7 +25,6 @@ from raysim.results import read_table
 from raysim.sweep import load_sweep
 from tests.integration.test_sweep_cluster import REPO, ray_env, stop_process_trees, stop_processes_under
 
-pytestmark = pytest.mark.integration
 
 SMOKE = REPO / "experiments" / "sweeps" / "smoke.yaml"
 SERIAL = ["--set", "runtime.executor=serial"]

@@ -5,13 +5,11 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-import pytest
 
 from raysim.experiment import prepare
 from raysim.runtime import execute
 from raysim.tune import choose, parse_tune, search_runs
 
-pytestmark = pytest.mark.integration
 
 
 def test_poisoned_test_labels_do_not_change_the_choice(tmp_path):

@@ -16,3 +16,4 @@ def test_a_checkpoint_of_another_format_is_refused_not_migrated():
     for blob in ({"completed_rounds": 2}, older, {"format_version": CHECKPOINT_FORMAT + 1, "completed_rounds": 2}, [1]):
         with pytest.raises(CheckpointError, match="--restart"):
             load_checkpoint(pickle.dumps(blob))
+

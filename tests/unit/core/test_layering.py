@@ -117,5 +117,5 @@ def test_only_the_runtime_imports_ray():
 def test_the_graph_sees_lazy_imports():
     # the checks above would be vacuous if function-level imports were missed
     graph = _graph()
-    assert "raysim.runtime.driver" in graph["raysim.runtime"]          # imported inside backend_for
+    assert "raysim.runtime.driver" in graph["raysim.runtime"]          # imported inside driver_host_for
     assert "raysim.experiment" in graph["raysim.cli.run"]

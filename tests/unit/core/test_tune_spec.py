@@ -79,7 +79,7 @@ def _rows(tune, runs, objective):
     for r in runs:
         val = objective(r.contestant, r.cfg.lr, r.seed)
         rows[r.run_id] = None if val is None else (
-            {"status": "failed", "error": "TrainingDiverged: nan"} if val == "diverged" else
+            {"status": "failed", "error": "TrainingDiverged: nan", "diverged": True} if val == "diverged" else
             {"status": "completed", "final_val_accuracy": val, "final_test_accuracy": 1 - val,
              "final_test_f1": 0.5, "epsilon": 8.0})
     return rows
@@ -94,9 +94,36 @@ def test_choice_maximises_mean_validation_and_a_diverged_seed_fails_the_candidat
         return {0.05: 0.7, 0.1: 0.6 + (seed - 10) * 0.2, 0.2: 0.1}[lr]   # 0.1: mean 0.7 ties with 0.05
 
     runs = search_runs(tune)
-    chosen = choose(tune, runs, _rows(tune, runs, objective))
+    rows = _rows(tune, runs, objective)
+    chosen = choose(tune, runs, rows, "best")
     assert chosen["fedsa"].as_dict() == {"lr": 0.1}      # 0.2 has a diverged seed: failed
     assert chosen["feddimdp"].as_dict() == {"lr": 0.05}  # ties go to the first candidate
+    # the one-SE rule: 0.05 and 0.1 are within one SE of each other, and 0.1 is the base lr
+    assert choose(tune, runs, rows, "one_se")["feddimdp"].as_dict() == {"lr": 0.1}
+    # a failed run whose error text merely looks like divergence is a failure to rerun, not a divergence
+    from raysim.tune import diverged
+    assert not diverged({"status": "failed", "error": "TrainingDiverged: text only"})
+
+
+def test_one_se_rule_keeps_a_resolved_best_and_flags_close_calls():
+    from raysim.tune.select import candidate_stats, close_calls
+    from raysim.tune.stats import objective_se
+    tune = spec(methods=["fedsa"], reference=None)
+    runs = search_runs(tune)
+    far = {0.05: 0.50, 0.1: 0.60, 0.2: 0.90}            # 0.2 clearly best: SE (hold-out 100) ≈ 0.021
+    rows = _rows(tune, runs, lambda label, lr, seed: far[lr])
+    assert choose(tune, runs, rows, "one_se")["fedsa"].as_dict() == {"lr": 0.2}
+    assert close_calls(tune, runs, rows, choose(tune, runs, rows)) == []
+    st = candidate_stats(tune, runs, rows)[("fedsa", Candidate((("lr", 0.2),)))]
+    assert st.se == pytest.approx(math.sqrt(0.9 * 0.1 / 100 / 2)) and st.seeds == 2
+    near = {0.05: 0.50, 0.1: 0.60, 0.2: 0.61}
+    rows = _rows(tune, runs, lambda label, lr, seed: near[lr])
+    assert choose(tune, runs, rows, "best")["fedsa"].as_dict() == {"lr": 0.2}
+    assert choose(tune, runs, rows, "one_se")["fedsa"].as_dict() == {"lr": 0.1}
+    [line] = close_calls(tune, runs, rows, {"fedsa": Candidate((("lr", 0.2),))})
+    assert "within one standard error of lr=0.1" in line
+    # seed spread above the hold-out's binomial floor is what the SE uses
+    assert objective_se([0.5, 0.7], 100) == pytest.approx(np.std([0.5, 0.7], ddof=1) / math.sqrt(2))
 
 
 def test_every_candidate_failing_leaves_no_choice_and_no_final_runs():
@@ -191,3 +218,40 @@ def test_a_choice_at_the_edge_of_the_space_is_named():
         "a: the chosen lr=0.3 is the largest of the 4 values searched; the optimum may lie above it (widen the space)"]
     table[0]["chosen"], table[7]["chosen"] = True, False                              # a picks lr 0.01, C 1
     assert [line.split(" is the ")[1][:8] for line in edge_choices(table)] == ["smallest"]
+
+
+def test_the_cli_prints_adjusted_intervals_the_se_and_what_privacy_does_not_cover(capsys):
+    from raysim.cli.tune import print_candidates, print_comparison, privacy_statement
+    tune = spec(methods=["fedsa", "feddimdp", "fedprox"])
+    chosen = {"fedsa": Candidate((("lr", 0.2),)), "feddimdp": Candidate((("lr", 0.05),)),
+              "fedprox": Candidate((("lr", 0.1),))}
+    final = final_runs(tune, chosen)
+    test_acc = {"fedsa": [0.80, 0.70, 0.75], "feddimdp": [0.60, 0.52, 0.57], "fedprox": [0.81, 0.70, 0.76]}
+    rows = _rows(tune, final, lambda label, lr, seed: 1 - test_acc[label][seed])
+    table = tuning_rows(tune, "tid", final, rows, {r.run_id for r in final})
+    print_comparison(tune, table, "final", "Tuned")
+    out = capsys.readouterr().out
+    assert "Bonferroni-adjusted CI (m = 2)" in out and "significant" in out
+    got = {r["contestant"]: r for r in summarise(table, "final")}
+    d = np.array(test_acc["feddimdp"]) - np.array(test_acc["fedsa"])
+    half = stats.t.ppf(1 - 0.05 / 4, 2) * d.std(ddof=1) / math.sqrt(3)
+    assert (got["feddimdp"]["adj_low"], got["feddimdp"]["adj_high"]) == pytest.approx((d.mean() - half, d.mean() + half))
+    assert got["feddimdp"]["significant"] is True and got["fedprox"]["significant"] is False
+    search = search_runs(tune)
+    srows = _rows(tune, search, lambda label, lr, seed: 0.6)
+    print_candidates(tune, search, srows, choose(tune, search, srows))
+    out = capsys.readouterr().out
+    assert "lr=0.1 0.6000 ± 0.0346 *" in out and "selection: one_se" in out   # SE of 100 images, 2 seeds
+    text = privacy_statement(tune, table, {"fedsa": 1e-5, "feddimdp": 1e-5, "fedprox": 1e-5},
+                             {"feddimdp": "cra_val_f1 (not noised)"})
+    assert "NOT included" in text and "Uploads outside ε stay outside it" in text and "cra_val_f1" in text
+
+
+def test_private_statement_takes_delta_per_contestant_and_says_what_is_not_covered():
+    from raysim.cli.tune import privacy_statement
+    tune = private_spec()
+    table = [{"stage": "private", "contestant": "fedsa", "released_epsilon": 3.2},
+             {"stage": "private", "contestant": "feddimdp", "released_epsilon": 4.1}]
+    text = privacy_statement(tune, table, {"fedsa": 1e-5, "feddimdp": 1e-6}, {})
+    assert "fedsa ε ≤ 3.200 at δ = 1e-05" in text and "feddimdp ε ≤ 4.100 at δ = 1e-06" in text
+    assert "2 draws over the 3 final seeds" in text and "validation scores and test metrics printed here are not covered" in text

@@ -111,7 +111,7 @@ def test_rdp_curve_matches_dp_accounting():
     acc = rdp_privacy_accountant.RdpAccountant(orders=list(ORDERS))
     for e in events:
         acc.compose(e.to_dp_event())
-    np.testing.assert_allclose(rdp_curve(events), acc._rdp, rtol=1e-9)
+    np.testing.assert_allclose(rdp_curve(events), acc.rdp, rtol=1e-9)
     # A plain Gaussian: λ/(2σ²) per release.
     np.testing.assert_allclose(rdp_curve([StepEvent(1.0, SIGMA, T)], HAND_ORDERS), gaussian_curve(HAND_ORDERS),
                                rtol=1e-9)
