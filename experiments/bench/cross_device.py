@@ -161,7 +161,8 @@ def first_round(args: argparse.Namespace, overrides: list[str], folder: str) -> 
     cmd = [sys.executable, "-c", _CHILD, stamp_file, "run", str(args.config), "--results-dir",
            os.path.join(folder, "results"), *(["--data-root", args.data_root] if args.data_root else []),
            *[a for o in overrides + ["rounds=2"] for a in ("--set", o)]]
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(REPO)}
+    import raysim
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(Path(raysim.__file__).resolve().parents[1])}
     env.pop("RAY_ADDRESS", None)
     t0 = time.time()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=folder, timeout=900)
