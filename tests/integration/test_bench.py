@@ -70,3 +70,18 @@ def test_tune_speed():
     out = json.loads(_run("tune_speed.py", "--lrs", "2", "--rounds", "1", "--tuning-seeds", "1", "--final-seeds", "1",
                           "--json"))
     assert out["runs"] > 0 and out["rerun_ran_nothing"] is True
+
+
+@pytest.mark.cluster
+def test_cross_device():
+    from raysim.config import PrivacyConfig
+    out = json.loads(_run("cross_device.py", "--dataset", "digits", "--timed-rounds", "1", "--set", "num_clients=6",
+                          "--set", "clients_per_round=3", "--set", "data.test_subsample=100", "--json"))
+    assert out["floor"]["floor_s"] > 0 and out["floor"]["clients"] == 3
+    has_unit = "unit" in PrivacyConfig.__dataclass_fields__
+    assert set(out["variants"]) == ({"nodp", "record", "client"} if has_unit else {"nodp", "record"})
+    assert ("client" in out["skipped"]) == (not has_unit)
+    for row in out["variants"].values():
+        assert row["ray"]["round_s"] > 0 and row["serial"]["round_s"] > 0
+        assert 0 < row["fresh"]["start_s"] < row["fresh"]["first_round_s"]
+        assert row["ray_over_floor"] == row["ray"]["round_s"] / out["floor"]["floor_s"]
