@@ -60,6 +60,33 @@ VARIANTS = [("nodp", "no DP", ["privacy.epsilon=null"]), ("record", "record-leve
 
 DIGITS = ["num_clients=25", "clients_per_round=10", "data.min_samples_per_client=10"]
 
+# ``--trace-startup``: the steps of ``raysim run`` one by one in a fresh process, each stamped with the wall
+# clock from the launch (argv[1]); argv[2:] are --set overrides, then the data root last.
+_TRACE = """
+import json, sys, time
+t0, stamps = float(sys.argv[1]), []
+def stamp(step): stamps.append((step, time.time() - t0))
+stamp("interpreter up")
+import raysim.cli, raysim.experiment, raysim.runtime.driver
+stamp("imports (raysim.cli, raysim.experiment, raysim.runtime.driver)")
+from raysim.config import apply_overrides, cli_overrides, config_from_dict, read_yaml
+from raysim.experiment import check_config, prepare
+cfg = check_config(config_from_dict(apply_overrides(read_yaml(sys.argv[2]), cli_overrides(sys.argv[3:-1], sys.argv[-1]))))
+data = prepare(cfg)
+stamp("config, data loaded from the cache, preflight partition")
+raysim.runtime.driver.init_ray()
+stamp("ray.init (a fresh local Ray)")
+setup, records, driver, warm = raysim.runtime.driver.ray_rounds(cfg, *data)
+stamp("actors and driver actor started, run planned (set-up done)")
+it = iter(records)
+next(it)
+stamp("round 1 recorded")
+for _ in it:
+    pass
+stamp("round 2 recorded")
+print(json.dumps(stamps))
+"""
+
 # Run inside the child process of the first-round measurement: the CLI itself, with the progress
 # display's two callbacks stamped with the wall clock (setup done, round 1 recorded).
 _CHILD = """
@@ -173,6 +200,19 @@ def first_round(args: argparse.Namespace, overrides: list[str], folder: str) -> 
     return {"start_s": stamps["setup"] - t0, "first_round_s": stamps["round"] - t0, "process_wall_s": wall}
 
 
+def trace_startup(args: argparse.Namespace, overrides: list[str]) -> list:
+    """``_TRACE`` in a fresh process on a fresh local Ray: when each step of a run ends, from the launch."""
+    import raysim
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(Path(raysim.__file__).resolve().parents[1])}
+    env.pop("RAY_ADDRESS", None)
+    t0 = time.time()
+    done = subprocess.run([sys.executable, "-c", _TRACE, repr(t0), str(args.config), *overrides, "rounds=2",
+                           args.data_root or ""], capture_output=True, text=True, env=env, timeout=900)
+    if done.returncode != 0:
+        raise SystemExit(f"cross_device: the start-up trace failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(CONFIG))
@@ -185,6 +225,8 @@ def main() -> None:
     ap.add_argument("--floor-threads", type=int, default=2)
     ap.add_argument("--no-first-round", action="store_true", help="skip the fresh-process first-round measurement")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
+    ap.add_argument("--trace-startup", action="store_true",
+                    help="only time the steps of a fresh run's start-up (first variant of --variants), one by one")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     args.dataset = args.dataset or ("cifar10" if args.data_root else "digits")
@@ -192,6 +234,20 @@ def main() -> None:
     unknown = set(keys) - {k for k, _, _ in VARIANTS}
     if unknown:
         ap.error(f"--variants: unknown {', '.join(sorted(unknown))}")
+
+    if args.trace_startup:
+        extra = next(e for k, _, e in VARIANTS if k == keys[0])
+        stamps = trace_startup(args, variant_overrides(args, extra))
+        if args.json:
+            print(json.dumps(stamps, indent=2))
+            return
+        print(f"{args.dataset}, variant {keys[0]}: a fresh process on a fresh local Ray, {os.cpu_count()} CPUs\n")
+        print("| step | ends at (s) | takes (s) |\n|---|---|---|")
+        previous = 0.0
+        for step, at in stamps:
+            print(f"| {step} | {at:.2f} | {at - previous:.2f} |")
+            previous = at
+        return
 
     from raysim.experiment import prepare
     from raysim.runtime.driver import init_ray

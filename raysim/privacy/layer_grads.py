@@ -168,11 +168,6 @@ def _conv_per_example_chunks(layer: nn.Conv2d, records, batch: int) -> list[torc
     if layer.in_channels <= IM2COL_MAX_IN_CHANNELS:
         g = records[0][1]
         per_example = max(per_example, g[0, 0].numel() * weight[0].numel())
-    else:
-        # groups=B reshapes every chunk to (1, B·C, H, W): one NCHW copy of the whole batch first makes
-        # each chunk's reshape a view, where a channels-last chunk would be copied element by element
-        # (the same values into the same call: the same bits, a few ms less per step).
-        records = [(a.contiguous(), g.contiguous()) for a, g in records]
     size = max(1, CHUNK_BYTES // (per_example * weight.element_size()))
     return [_total(_conv_per_example_weight(layer, a[start:start + size], g[start:start + size]) for a, g in records)
             for start in range(0, batch, size)]

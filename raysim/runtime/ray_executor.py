@@ -3,8 +3,8 @@
 The pool has ``runtime.num_actors`` actors (default: as many as run at once on the cluster, at
 most one per client). Every actor can train every client: the run's train arrays are put into
 the object store once, so each node holds one copy that its actors read without copying, and a
-task names its client's shard (indices), from which the actor builds that client's tensors for
-the task. Each round the payload (global model, broadcast state) is ``ray.put`` once; the round's clients
+task names its client's shard (indices), whose rows the actor gathers from the float images it
+normalised once (:meth:`raysim.client.ClientRunner.train_images`). Each round the payload (global model, broadcast state) is ``ray.put`` once; the round's clients
 are balanced over as many actors per node as the run holds CPUs there, largest shard first, and
 each of those actors trains its share in one task.
 
