@@ -41,8 +41,10 @@ test-cluster: install-dev
 test-slow: install-dev
 	$(BIN)/python -m pytest -q -m slow
 
-# The benchmark suite (experiments/bench/README.md), offline on the digits data (about 10 minutes here).
+# The benchmark suite (experiments/bench/README.md), offline on the digits data (about 10 minutes here);
+# `make bench DATA_ROOT=/path/to/data` runs the cross-device benchmark on CIFAR-10 instead.
 bench: install-dev
+	$(BIN)/python experiments/bench/cross_device.py $(if $(DATA_ROOT),--data-root $(DATA_ROOT),--dataset digits)
 	$(BIN)/python experiments/bench/dp_step.py
 	$(BIN)/python experiments/bench/dp_step.py --profile
 	$(BIN)/python experiments/bench/round_overhead.py --dataset digits

@@ -19,7 +19,9 @@ the timed steps.
 The process runs with the glibc malloc settings raysim applies wherever it trains
 (:func:`raysim.allocator.tune_malloc`, ``runtime.malloc_tuning``), plain SGD included;
 ``--no-malloc-tuning`` measures glibc's defaults instead. The setting is per process, so the two
-cannot be compared in one run: compare runs, and the ratios within each.
+cannot be compared in one run: compare runs, and the ratios within each. ``--cpu-time`` times with
+the process's CPU time instead of the wall clock: on a machine shared with other work, at 1 thread,
+it measures the work itself.
 """
 
 from __future__ import annotations
@@ -46,6 +48,11 @@ from raysim.privacy.grad_sample import make_engine
 from raysim.rng import torch_generator
 
 CLIP_NORM, NOISE_MULTIPLIER, LR = 1.0, 1.0, 0.01
+
+#: The clock every step and phase is timed with: wall time, or with ``--cpu-time`` this process's CPU
+#: time, which a shared machine's load leaves nearly alone at 1 thread (at 2 threads it also counts
+#: the threads' spin-waits).
+CLOCK = [time.perf_counter]
 
 Step = Callable[[torch.Tensor, torch.Tensor], None]
 
@@ -164,14 +171,14 @@ def run(args: argparse.Namespace) -> list[dict]:
             order.shuffle(turn)
             for k in turn:
                 faulted = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-                start = time.perf_counter()
+                start = CLOCK[0]()
                 try:
                     steps[k](*batches[i % len(batches)])
                 except Exception as err:
                     rows[k]["error"] = f"unsupported: {_reason(err)}"
                     del steps[k]
                     continue
-                times[k].append(time.perf_counter() - start)
+                times[k].append(CLOCK[0]() - start)
                 faults[k] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faulted
     for k in steps:
         rows[k]["samples_per_s"] = args.batch_size / statistics.median(times[k])
@@ -212,7 +219,7 @@ def profile(args: argparse.Namespace) -> list[dict]:
     clock = {"t": 0.0}
 
     def lap(phase: str) -> None:
-        now = time.perf_counter()
+        now = CLOCK[0]()
         times.setdefault(phase, []).append((now - clock["t"]) * 1e3)
         clock["t"] = now
 
@@ -228,14 +235,14 @@ def profile(args: argparse.Namespace) -> list[dict]:
         if i == args.warmup:
             times.clear()
         x, y = batches[i % len(batches)]
-        start = clock["t"] = time.perf_counter()
+        start = clock["t"] = CLOCK[0]()
         out = privatize(model, x, y, mode="per_sample", clip_norm=CLIP_NORM, noise_multiplier=NOISE_MULTIPLIER,
                         expected_batch_size=args.batch_size, generator=noise_gen, engine=engine)
         for p, g in zip(model.parameters(), out.grads):
             p.grad = g
         opt.step()
         lap("optimiser step")
-        times.setdefault("TOTAL DP step", []).append((time.perf_counter() - start) * 1e3)
+        times.setdefault("TOTAL DP step", []).append((CLOCK[0]() - start) * 1e3)
     return [{"phase": k, "min_ms": min(v), "median_ms": statistics.median(v)} for k, v in times.items()]
 
 
@@ -256,7 +263,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", action="store_true",
                         help="time the phases of raysim's per-sample step (bk engine) instead of comparing engines")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time with the process's CPU time instead of wall time (robust to other load at 1 thread)")
     args = parser.parse_args(argv)
+    if args.cpu_time:
+        CLOCK[0] = time.process_time
     if args.steps <= 0 or args.batch_size <= 0 or args.warmup < 0:
         parser.error("--steps and --batch-size must be > 0, --warmup >= 0")
     args.engines = args.engines.split(",")

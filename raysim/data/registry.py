@@ -165,8 +165,10 @@ def load_dataset(name: str, split: str, root: str | None, *, download: bool = Fa
     return ArrayDataset(x=x, y=y, info=DATASETS[name])
 
 
-def to_float_tensor(x: np.ndarray, info: DatasetInfo) -> torch.Tensor:
-    """uint8 (N, H, W, C) → contiguous float32 (N, C, H, W), normalised as ``(x/255 - mean) / std``."""
+def to_float_tensor(x: np.ndarray, info: DatasetInfo, *, channels_last: bool = False) -> torch.Tensor:
+    """uint8 (N, H, W, C) → float32 (N, C, H, W), normalised as ``(x/255 - mean) / std``: contiguous, or
+    with ``channels_last`` in the channels-last memory format (the input's own order, so no transposing
+    copy is made; the values are the same bits either way)."""
     if x.dtype != np.uint8 or x.ndim != 4 or x.shape[-1] != info.channels:
         raise ValueError(f"expected uint8 images of shape (N, H, W, {info.channels}), "
                          f"got {x.dtype} {tuple(x.shape)}")
@@ -175,4 +177,5 @@ def to_float_tensor(x: np.ndarray, info: DatasetInfo) -> torch.Tensor:
     out = torch.from_numpy(arr).permute(0, 3, 1, 2).to(torch.float32).div_(255.0)
     mean = torch.tensor(info.mean, dtype=torch.float32).view(1, -1, 1, 1)
     std = torch.tensor(info.std, dtype=torch.float32).view(1, -1, 1, 1)
-    return out.sub_(mean).div_(std).contiguous()
+    out = out.sub_(mean).div_(std)
+    return out if channels_last else out.contiguous()

@@ -12,8 +12,10 @@ from typing import Any, Iterator
 
 import ray
 
+from raysim.algorithms.registry import get_method
 from raysim.config import Config
-from raysim.runtime.ray_executor import RayExecutor, start_client_actors
+from raysim.privacy.plan import resolve_clipping
+from raysim.runtime.ray_executor import RayExecutor, start_client_actors, warm_actors
 from raysim.simulation import RoundRecord, SetupRecord, Simulation
 
 
@@ -88,15 +90,18 @@ def ray_rounds(cfg: Config, train: Any, test: Any, placement_group: Any = None, 
     setup, the round stream, the driver actor, and whether the actors were warm (from the pool).
     ``state_dir`` (where the driver actor spills client states) must be reachable from the driver
     actor's node: shared storage or a URI on a multi-node cluster, like the results folder."""
-    test_ref = [ray.put(test)]
     if pool is not None:
-        train_ref = ray.get(pool.data.remote(cfg, None if ray.get(pool.has_data.remote(cfg)) else [ray.put(train)]))
         driver, actors, warm = ray.get(pool.acquire.remote(cfg, DriverActor))
+        train_ref = ray.get(pool.data.remote(cfg, None if ray.get(pool.has_data.remote(cfg)) else [ray.put(train)]))
     else:
-        train_ref, warm = [ray.put(train)], False
-        # Client actors first: they import torch while the driver actor starts.
+        warm = False
+        # Client actors first, then the driver actor: their processes start while the data is put.
         actors = start_client_actors(cfg, placement_group)
         driver = DriverActor.options(**_pinned_options(placement_group)).remote()
+        train_ref = [ray.put(train)]
+    if not warm:   # the training actors import torch and build the images while the driver actor starts and plans
+        warm_actors(cfg, resolve_clipping(get_method(cfg.method), cfg), actors, train_ref)
+    test_ref = [ray.put(test)]
     try:
         setup = ray.get(driver.open.remote(cfg, train_ref, test_ref, placement_group, resume, actors, state_dir))
     except BaseException:

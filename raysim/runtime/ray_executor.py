@@ -3,8 +3,8 @@
 The pool has ``runtime.num_actors`` actors (default: as many as run at once on the cluster, at
 most one per client). Every actor can train every client: the run's train arrays are put into
 the object store once, so each node holds one copy that its actors read without copying, and a
-task names its client's shard (indices), from which the actor builds that client's tensors for
-the task. Each round the payload (global model, broadcast state) is ``ray.put`` once; the round's clients
+task names its client's shard (indices), whose rows the actor gathers from the float images it
+normalised once (:meth:`raysim.client.ClientRunner.train_images`). Each round the payload (global model, broadcast state) is ``ray.put`` once; the round's clients
 are balanced over as many actors per node as the run holds CPUs there, largest shard first, and
 each of those actors trains its share in one task.
 
@@ -73,6 +73,22 @@ def start_client_actors(cfg: Config, placement_group: Any = None, restarts: bool
     return [ClientActor.options(**options).remote(fraction) for _ in range(num_actors)]
 
 
+def first_active(cfg: Config, actors: Sequence[Any]) -> list[Any]:
+    """The actors that train when all of ``actors`` land on one node (what :meth:`RayExecutor.active_actors`
+    finds there): all of them with GPU shares, else as many as the CPUs they hold."""
+    if cfg.runtime.num_gpus_per_client > 0:
+        return list(actors)
+    return list(actors[:max(1, math.floor(len(actors) * cpus_per_actor(cfg, len(actors)) + 0.05))])
+
+
+def warm_actors(cfg: Config, clipping: str, actors: Sequence[Any], train_ref: list) -> list[Any]:
+    """Tell the actors that will train (:func:`first_active`) to import torch and build the run's float
+    images and model now, while the server starts and plans; returns the refs to wait on. The run's
+    executor re-targets them with its own token (a model rebuild; the images stay)."""
+    setup = (f"warm-{uuid.uuid4().hex}", cfg, clipping, train_ref)
+    return [a.warm.remote(setup) for a in first_active(cfg, actors)]
+
+
 class RayExecutor:
     """Executor over a pool of Ray actors; ``placement_group`` (optional) co-locates a run's actors,
     ``actors`` (optional) are actors already started on the same data (a sweep's warm pool)."""
@@ -97,18 +113,25 @@ class RayExecutor:
         self.eval_on = eval_where(cfg)
         # id(x) -> (x, its object ref): x is kept so that its id cannot be reused by another tensor
         self._eval_sets: dict[int, tuple[Any, Any]] = {}
+        self._warming: list[Any] = []
         if not self.actors:
             self.actors = start_client_actors(cfg, self.placement_group)
             self._pending = [a.ready.remote() for a in self.actors]
+            # The actors that train when they all land on one node (active_actors, which must wait for
+            # them to start to know their nodes) warm up now: they import torch and build the run's
+            # model and float images while this process plans the run, not after.
+            self._warming = [a.warm.remote(self.setup_ref) for a in first_active(cfg, self.actors)]
 
     def ready(self) -> None:
         """Block until every actor has started and the active ones (:meth:`active_actors`) have
         imported the training side and built the run's model; the others stay light until a task
-        reaches them (see :mod:`raysim.runtime.client_actor`)."""
+        reaches them (see :mod:`raysim.runtime.client_actor`). A second ``warm`` of an actor that is
+        warm already returns at once."""
         if self._pending:
             ray.get(self._pending)
             self._pending = []
-            ray.get([a.warm.remote(self.setup_ref) for a in self.active_actors()])
+            ray.get(self._warming + [a.warm.remote(self.setup_ref) for a in self.active_actors()])
+            self._warming = []
 
     #: Clients train in other processes: the simulation evaluates round t while round t+1 trains.
     overlaps = True

@@ -90,3 +90,15 @@ def test_make_bench_runs_every_script():
     target = makefile[makefile.index("\nbench:"):].split("\n\n")[0]
     assert {p.name for p in BENCH.glob("*.py")} == {line.split("experiments/bench/")[1].split()[0]
                                                     for line in target.splitlines() if "experiments/bench/" in line}
+
+
+@pytest.mark.cluster
+def test_cross_device():
+    out = json.loads(_run("cross_device.py", "--dataset", "digits", "--timed-rounds", "1", "--set", "num_clients=6",
+                          "--set", "clients_per_round=3", "--set", "data.test_subsample=100", "--json"))
+    assert out["floor"]["floor_s"] > 0 and out["floor"]["clients"] == 3
+    assert set(out["variants"]) == {"nodp", "record", "client"}
+    for row in out["variants"].values():
+        assert row["ray"]["round_s"] > 0 and row["serial"]["round_s"] > 0
+        assert 0 < row["fresh"]["start_s"] < row["fresh"]["first_round_s"]
+        assert row["ray_over_floor"] == row["ray"]["round_s"] / out["floor"]["floor_s"]

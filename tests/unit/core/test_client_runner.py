@@ -57,3 +57,30 @@ def test_configure_retargets_the_runner_at_another_run(train):
     runner.configure(cfg, "per_sample")
     expected = model_for(cfg, train.info, {"lldm": True})
     assert count_parameters(runner.model) == count_parameters(expected) and runner.uploads
+
+
+def test_client_tensors_are_gathered_from_images_normalised_once():
+    """A task's tensors are rows of the float images the runner built once: the same bits as converting
+    the client's own uint8 rows, x channels-last (the bk engine's layout), also from read-only arrays
+    (Ray's zero-copy views) and without a warning."""
+    import warnings
+
+    from raysim.data import ArrayDataset, DatasetInfo, to_float_tensor
+    info = DatasetInfo("rgb", 10, 3, 8, (0.4, 0.5, 0.6), (0.2, 0.25, 0.3))
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, 256, (30, 8, 8, 3), dtype=np.uint8), rng.integers(0, 10, 30).astype(np.int64)
+    x.setflags(write=False)
+    y.setflags(write=False)
+    data = ArrayDataset(x, y, info)
+    train_idx, val_idx = np.array([7, 2, 29, 11]), np.array([3, 5])
+    train_idx.setflags(write=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        runner = ClientRunner(tiny_config(method="fedavg"), "none", data)
+        images = runner.train_images()
+        xt, yt, xv, yv = runner.tensors(ClientData(0, train_idx, val_idx))
+    assert runner.train_images() is images                      # built once, not per task
+    assert xt.is_contiguous(memory_format=torch.channels_last) and not xt.is_contiguous() and xv.is_contiguous()
+    assert torch.equal(xt, to_float_tensor(x[train_idx], info)) and torch.equal(xv, to_float_tensor(x[val_idx], info))
+    assert yt.tolist() == y[train_idx].tolist() and yv.tolist() == y[val_idx].tolist() and yt.dtype == torch.int64
+    assert torch.equal(to_float_tensor(x, info, channels_last=True), to_float_tensor(x, info))
