@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from raysim.results import read_table
+from raysim.config import ConfigError
 
 # the columns that identify one experimental setting; seeds of a setting are averaged
 GROUP_KEYS: list[str] = ["method", "dataset", "partition", "alpha", "privacy"]
@@ -38,7 +39,7 @@ def load_results(folder: str | os.PathLike[str]) -> Results:
     """
     folder = str(folder)
     if "://" not in folder and not os.path.isdir(folder):
-        raise ValueError(f"results folder {folder!r} does not exist")
+        raise ConfigError(f"results folder {folder!r} does not exist")
     return Results(*(read_table(folder, name) for name in ("runs", "rounds", "clients", "partitions")))
 
 

@@ -16,6 +16,7 @@ from analysis import plots
 from analysis.load import Results, load_results, with_keys
 from analysis.tables import MISSING, PAPER_SUFFIX, summarise, table1, table2, to_markdown
 from raysim.results import read_table
+from raysim.config import ConfigError
 
 ACCOUNTING_SCOPE = (
     "ε is record-level (ε, δ)-DP per client: neighbouring datasets differ in one training example of one "
@@ -292,7 +293,7 @@ def build_report(results_dir: str | os.PathLike[str], out: str | os.PathLike[str
     folder = str(results_dir)
     results = load_results(folder)
     if results.runs.empty:
-        raise ValueError(f"no runs in {folder!r} (expected Parquet files under {os.path.join(folder, 'runs')})")
+        raise ConfigError(f"no runs in {folder!r} (expected Parquet files under {os.path.join(folder, 'runs')})")
     out_dir = Path(out) if out is not None else Path(folder) / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
     blocks, summary = _blocks(folder, results, out_dir / "figures", out_dir)

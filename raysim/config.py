@@ -67,6 +67,8 @@ class PrivacyConfig:
     noise_multiplier: float | None = None  # σ; give σ or ε, not both
     accountant: str = "pld"            # pld | rdp
     engine: str = "bk"                 # per-sample gradient engine
+    allow_uncovered: tuple[str, ...] = ()  # uploads computed from private data without noise that the run
+                                           # may make, by name (e.g. [cra.local_val_f1]); any other is refused
 
 
 @dataclass(frozen=True)
@@ -239,6 +241,13 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
         if not math.isfinite(value):
             _fail(key, f"expected a finite number, got {value!r}")
         return float(value)
+    if typing.get_origin(annotation) is tuple and typing.get_args(annotation) == (str, ...):
+        if value is None:
+            return ()
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)) or not all(isinstance(v, str) for v in items):
+            _fail(key, f"expected a list of names, got {value!r}")
+        return tuple(items)
     if annotation is str:
         if not isinstance(value, str):
             _fail(key, f"expected a string, got {value!r}")
@@ -471,6 +480,7 @@ def result_hash(cfg: Config) -> str:
     d = dataclasses.replace(cfg.data, root=None, cache_dir=None, download=False, server_holdout=server_holdout_size(cfg))
     values = config_to_dict(cfg.replace(data=d))
     values["runtime"] = {key: values["runtime"][key] for key in RESULT_RUNTIME_KEYS}
+    values["privacy"].pop("allow_uncovered", None)   # permits a release, changes no result
     if _SECTION_IN_USE:
         for name, _ in cfg.sections:
             if not _SECTION_IN_USE[0](cfg, name):

@@ -23,6 +23,7 @@ import numpy as np
 
 from raysim.config import Config
 from raysim.rng import np_generator
+from raysim.config import ConfigError
 
 __all__ = ["participation_schedule", "rounds_by_client", "is_full"]
 
@@ -37,7 +38,7 @@ def _round_cohort(cfg: Config, server_round: int) -> np.ndarray:
         return np.sort(rng.choice(n, size=k, replace=False)).astype(np.int64)
     if cfg.participation == "poisson":
         return np.flatnonzero(rng.random(n) < k / n).astype(np.int64)
-    raise ValueError(f"unknown participation {cfg.participation!r}")
+    raise ConfigError(f"unknown participation {cfg.participation!r}")
 
 
 def participation_schedule(cfg: Config) -> list[np.ndarray]:

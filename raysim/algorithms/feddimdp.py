@@ -184,7 +184,8 @@ def feddimdp_uploads(cfg: Config) -> tuple[Upload, ...]:
     if sw.on("cra") and cfg.cra.utility == "local_val_f1":
         release = (Release("gaussian", cfg.cra.val_f1_noise_multiplier) if cfg.cra.private_val_f1
                    else Release("not_covered"))
-        out.append(Upload("val_f1", "q_i, CRA's macro-F1 on the local validation split", _local_val_f1, release, ("val_f1",)))
+        out.append(Upload("val_f1", "q_i, CRA's macro-F1 on the local validation split", _local_val_f1, release, ("val_f1",),
+                          opt_in="cra.local_val_f1"))
     return tuple(out)
 
 

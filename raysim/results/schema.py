@@ -25,6 +25,7 @@ RUNS = pa.schema([
     ("final_val_accuracy", F64), ("final_val_f1", F64),   # on the public server hold-out (null without one)
     ("epsilon", F64), ("delta", F64), ("noise_multiplier", F64),
     ("clipping", STR), ("accountant", STR), ("not_covered_by_epsilon", STR), ("num_params", I64),
+    ("epsilon_exceptions", STR),   # the uploads ε does not cover, by their privacy.allow_uncovered keys ("" : none)
     ("wall_seconds", F64), ("code_version", STR), ("hostname", STR),
     ("client_nodes", STR), ("writer_node", STR),   # Ray node ids: client actors (JSON list), row writer
     ("startup_seconds", F64),                      # Simulation construction until every client worker is ready
