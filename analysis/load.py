@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from raysim.results import read_table
+from raysim.results.rows import exceptions_of
 from raysim.config import ConfigError
 
 # the columns that identify one experimental setting; seeds of a setting are averaged
@@ -51,7 +52,8 @@ def _config(row: pd.Series) -> dict[str, Any]:
 
 
 def privacy_label(row: pd.Series) -> str:
-    """'no DP', 'ε=8' (calibrated target) or 'σ=1.1' (given noise), plus a non-default clipping mode."""
+    """'no DP', 'ε=8' (calibrated target) or 'σ=1.1' (given noise), with the uploads ε does not cover
+    ('ε=8 except cra.local_val_f1'), plus a non-default clipping mode."""
     privacy = _config(row).get("privacy", {})
     clipping = row.get("clipping") if isinstance(row.get("clipping"), str) else privacy.get("clipping", "auto")
     if clipping == "none":
@@ -63,6 +65,9 @@ def privacy_label(row: pd.Series) -> str:
     else:
         # a non-private method with clipping=auto before its setup row was written
         return "no DP"
+    keys = exceptions_of(row.get("epsilon_exceptions"))
+    if keys:   # uploads ε does not cover (privacy.allow_uncovered): never a bare ε
+        label = f"{label} except {', '.join(keys)}"
     return label if clipping in ("per_sample", "auto") else f"{label}, {clipping} clipping"
 
 

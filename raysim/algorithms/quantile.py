@@ -13,7 +13,7 @@ Which norms b_i tracks is ``quantile.norm_source`` (R):
   and noise. Andrew et al. track the quantile of the *unclipped* update norm; in record-level DP-SGD
   the unclipped quantity is the per-example gradient, so this is their estimator applied to it.
   c_i is computed from private data, so the *client* adds N(0, σ_b²) (σ_b =
-  ``quantile.noise_multiplier``, default 25: docs/methods.md) from its own stream
+  ``quantile.noise_multiplier``, default 25 for this source: docs/methods.md) from its own stream
   ``(seed, "quantile-noise", round, client)`` before upload: a Gaussian mechanism of sensitivity 1
   (adding or removing one example changes the count by at most 1), composed into its ledger and into
   σ calibration (docs/privacy.md). The server forms b̄ = Σ_i c̃_i / Σ_i n_i (the sizes n_i are public),
@@ -51,23 +51,36 @@ class QuantileParams:
 
     eta_c: float = 0.2
     target_quantile: float = 0.5
-    noise_multiplier: float = 25.0     # σ_b of the unclipped-count release, sensitivity 1 (0: not private,
-                                       # needs privacy.allow_uncovered: [quantile.unclipped_count])
+    noise_multiplier: float | None = None  # σ_b; unset: 25 for per_example (the client's count release,
+                                       # sensitivity 1; 0 is not private and needs privacy.allow_uncovered:
+                                       # [quantile.unclipped_count]), 0 for update (the server's, post-processing)
     norm_source: str = "per_example"   # (R) per_example (fraction of unclipped examples) | update (‖Δw‖ per step)
 
     def check(self, cfg: Config) -> None:
         for key in ("eta_c", "noise_multiplier"):
-            if not getattr(self, key) >= 0:
+            if getattr(self, key) is not None and not getattr(self, key) >= 0:
                 fail(f"quantile.{key}", f"must be >= 0, got {getattr(self, key)}")
         if not 0 <= self.target_quantile <= 1:
             fail("quantile.target_quantile", f"must be in [0, 1], got {self.target_quantile}")
         check_choice("quantile.norm_source", self.norm_source, ("per_example", "update"))
 
 
+#: σ_b of the per-example count release when ``quantile.noise_multiplier`` is unset (docs/methods.md)
+COUNT_NOISE_MULTIPLIER = 25.0
+
+
+def sigma_b(cfg: Config) -> float:
+    """``quantile.noise_multiplier``, or its default for the norm source."""
+    q = cfg.quantile
+    if q.noise_multiplier is not None:
+        return float(q.noise_multiplier)
+    return COUNT_NOISE_MULTIPLIER if q.norm_source == "per_example" else 0.0
+
+
 def _unclipped_count(ctx: UploadContext) -> float:
     """c_i = the number of the client's examples whose gradient norm at the round's starting model is
     ≤ C^(t) (the pre-round norm pass), plus N(0, σ_b²) from the client's own stream when σ_b > 0."""
-    sigma = ctx.cfg.quantile.noise_multiplier
+    sigma = sigma_b(ctx.cfg)
     norms = ctx.example_norms
     count = float(np.sum(norms <= ctx.task.clip_norm)) if norms is not None else 0.0
     return float(count + sigma * ctx.rng("quantile-noise").standard_normal()) if sigma > 0 else count
@@ -76,7 +89,7 @@ def _unclipped_count(ctx: UploadContext) -> float:
 def quantile_uploads(cfg: Config) -> tuple[Upload, ...]:
     if cfg.quantile.norm_source != "per_example":
         return ()
-    sigma = cfg.quantile.noise_multiplier
+    sigma = sigma_b(cfg)
     release = Release("gaussian", sigma) if sigma > 0 else Release("not_covered")
     return (Upload("unclipped_count", "c_i, the client's examples with gradient norm <= C at the round's start",
                    _unclipped_count, release, needs_example_norms=True, opt_in="quantile.unclipped_count"),)
@@ -96,7 +109,7 @@ class QuantileClipServer(Server):
         if q.norm_source == "update":
             rng = np_generator(self.cfg.train_seed, "quantile-noise", server_round)
             s = np.array([update_norm_per_step(float(r.delta.norm()), self.cfg.lr, r.num_steps) for r in results])
-            return noised_fraction_below(s, self.current_clip, q.noise_multiplier, rng)
+            return noised_fraction_below(s, self.current_clip, sigma_b(self.cfg), rng)
         total = sum(r.num_samples for r in results)
         return float(sum(r.uploads["unclipped_count"] for r in results) / total) if total else 0.0
 

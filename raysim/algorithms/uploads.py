@@ -16,7 +16,7 @@ Release kinds (record-level DP of one client's local data, docs/privacy.md):
 * ``not_covered``: computed from private data and uploaded without noise; ε does not cover it. A run that
   makes such an upload is refused unless the config names the upload's ``opt_in`` key in
   ``privacy.allow_uncovered`` (:func:`check_uncovered`); with the opt-in, every place that prints the
-  run's ε prints these keys beside it (:func:`epsilon_label`).
+  run's ε prints these keys beside it (``raysim.results.rows.epsilon_label``).
 * ``diagnostic``: logged by the simulation for analysis, never given to the server (the simulation
   strips it before aggregation); computed from private data, so listed as not covered too.
 """
@@ -32,7 +32,7 @@ import torch
 from raysim.config import ConfigError
 
 __all__ = ["Release", "Upload", "UploadContext", "LOGGED_PRIVATE", "gaussian_uploads", "not_covered_text",
-           "uncovered_keys", "check_uncovered", "epsilon_label"]
+           "uncovered_keys", "check_uncovered"]
 
 RELEASE_KINDS = ("gaussian", "post_processing", "not_covered", "diagnostic")
 
@@ -135,18 +135,3 @@ def check_uncovered(uploads: Sequence[Upload], clipping: str, allowed: Sequence[
         raise ConfigError(f"this config uploads {missing[0]} ({upload.description}) without noise, so ε would not cover it; "
                     f"use its private default, or opt in with privacy.allow_uncovered: [{', '.join(missing)}]")
     return keys
-
-
-def epsilon_label(epsilon: Any, exceptions: Any, fmt: str = "{:.2f}") -> str:
-    """ε as every report prints it: the number, and beside it the uploads it does not cover
-    (``exceptions``: the runs table's ``epsilon_exceptions``, comma-separated keys, or a sequence)."""
-    try:
-        value = float(epsilon)
-    except (TypeError, ValueError):
-        value = float("nan")
-    text = "n/a" if value != value else fmt.format(value)
-    if isinstance(exceptions, str):
-        keys = [k.strip() for k in exceptions.split(",") if k.strip()]
-    else:
-        keys = [str(k) for k in (exceptions or ())]
-    return f"{text} except {', '.join(keys)}" if keys else text

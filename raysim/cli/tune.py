@@ -69,6 +69,13 @@ def print_comparison(tune: Any, table: list[dict[str, Any]], stage: str, title: 
 def privacy_statement(tune: Any, table: list[dict[str, Any]], delta: float) -> str:
     """In words: that the tuning's privacy cost is not counted, or (private mode) what it is."""
     search = [r for r in table if r["stage"] == "search"]
+    uncovered = sorted({f"{r['contestant']}: {r['epsilon_exceptions']}" for r in table if r.get("epsilon_exceptions")})
+    note = (f" ε does not cover these uploads, which the config opted in to (privacy.allow_uncovered): "
+            f"{'; '.join(uncovered)}." if uncovered else "")
+    return _privacy_statement(tune, table, delta, search) + note
+
+
+def _privacy_statement(tune: Any, table: list[dict[str, Any]], delta: float, search: list[dict[str, Any]]) -> str:
     if not tune.private:
         cands = len({(r["contestant"], r["candidate"]) for r in search})
         return (f"Privacy: ε above is per training run; the tuning's privacy cost is NOT included (the field's common "

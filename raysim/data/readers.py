@@ -180,7 +180,7 @@ def read_source(source: Source, image_size: int, channels: int, num_classes: int
             raise ConfigError(f"unknown source kind {source.kind!r}")
     except ValueError as exc:
         if any(str(f) in str(exc) for f in source.files):
-            raise
+            raise ConfigError(_first_line(exc)) from None
         raise ConfigError(f"{where}: unreadable {source.kind} data: {_first_line(exc)}") from None
     except Exception as exc:  # truncated or corrupt files: OSError, EOFError, UnpicklingError, KeyError, ...
         raise ConfigError(f"{where}: unreadable {source.kind} data ({type(exc).__name__}: {_first_line(exc)})") from None

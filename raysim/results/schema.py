@@ -63,6 +63,7 @@ TUNING = pa.schema([
     ("objective_name", STR), ("objective", F64),   # the run's validation objective (server hold-out)
     ("candidate_objective", F64),                  # search: the candidate's mean objective over the tuning seeds
     ("test_accuracy", F64), ("test_f1", F64), ("epsilon", F64),
+    ("epsilon_exceptions", STR),                   # the uploads ε does not cover (privacy.allow_uncovered)
     ("released_epsilon", F64),                     # private: ε of the released model, tuning included
     ("reference", STR), ("private", pa.bool_()),   # the tune's reference contestant and mode
     ("chosen", pa.bool_()),                        # search: the chosen candidate; private: the released draw;
