@@ -31,7 +31,8 @@ the ε_lb of all guesses right.
 gradient norms (ADPC's histogram, the adaptive-quantile count) is audited through the upload's own
 client function: M independent releases (each from its own keyed stream) of client 0's statistic at
 the initial model, each with one canary example (its norm the median of the client's) included with
-probability 1/2, scored by the release's inner product with the canary's effect. ε_lb is compared with
+probability 1/2, scored by the release's inner product with the canary's effect (or, when the median
+does not move the statistic, a norm of C/2). ε_lb is compared with
 the ε of one release. A side channel that is not a function of the norms says in one line why it is
 not audited.
 
@@ -584,9 +585,7 @@ def audit_side_channels(cfg: Config, releases: int = 10000, guess_fraction: floa
             model = model_for(cfg, train.info, spec.model_options(cfg))
             init_parameters(model, torch_generator(cfg.train_seed, "model-init"))
             norms = example_norm_pass(model, x, y, engine=make_engine(cfg.privacy.engine), batch_size=cfg.batch_size)
-        canary = float(np.median(norms))
         task = ClientTask(client_id, 1, float(cfg.privacy.clip_norm), 0.0)
-        with_canary = np.append(norms, canary)
 
         def release(r: int, example_norms: np.ndarray) -> np.ndarray:
             ctx = UploadContext(cfg=cfg, task=task, model=None, delta=None, num_samples=len(example_norms),
@@ -595,7 +594,16 @@ def audit_side_channels(cfg: Config, releases: int = 10000, guess_fraction: floa
                                 rng=lambda purpose, r=r: np_generator(cfg.train_seed, purpose, r, client_id))
             return np.atleast_1d(np.asarray(u.compute(ctx), dtype=np.float64))
 
-        effect = release(1, with_canary) - release(1, norms)   # the same noise draw: the canary's exact effect
+        # The canary example's norm: the client's median, or one below C, whichever the statistic sees; its
+        # effect is exact, both releases being drawn with the same noise.
+        for canary in (float(np.median(norms)), 0.5 * float(cfg.privacy.clip_norm)):
+            with_canary = np.append(norms, canary)
+            effect = release(1, with_canary) - release(1, norms)
+            if np.any(effect != 0):
+                break
+        else:
+            out.append(SideChannelAudit(u.name, False, "no canary example changes its release"))
+            continue
         included = np_generator(cfg.train_seed, "audit-side-membership").random(releases) < 0.5
         scores = np.array([release(r + 1, with_canary if included[r] else norms) @ effect for r in range(releases)])
         guesses, correct, bound, ceiling = _guess(scores, included, guess_fraction, cfg.privacy.delta)

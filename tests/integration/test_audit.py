@@ -125,3 +125,55 @@ def test_cli_prints_the_bound_next_to_the_accounted_epsilon(capsys):
     assert "ε_lb = " in out and "accounted ε = 2.000" in out and "/400 guesses" in out and "layer conv1" in out
     assert main(["audit", str(QUICKSTART), "--canaries", "500", "--guess-fraction", "0.7"]) == 2
     assert main(["audit", str(QUICKSTART), "--set", "privacy.epsilon=null", "--set", "method=fedavg"]) == 2
+
+
+# --------------------------------------------------------------------------- every method family, its own hooks
+
+FAMILIES = [("awdp-fl", {}), ("dp-fedsam", {"sam.mode": "both"}), ("fedprox", {}), ("scaffold", {}), ("fedacg", {}),
+            ("feddimdp", {}), ("dp-fedavg-adaptive", {}), ("dp-acdn", {}), ("fedsa", {"privacy.clipping": "batch"}),
+            ("fedsa", {"privacy.engine": "vmap"})]
+
+
+@pytest.mark.parametrize("method, changes", FAMILIES, ids=[f"{m}-{'-'.join(map(str, c.values())) or 'default'}"
+                                                           for m, c in FAMILIES])
+def test_every_method_family_is_audited_through_its_own_hooks(monkeypatch, method, changes):
+    # With the noise switched off, canaries that the method's own client hooks (per-layer clipping, SAM's two
+    # releases, proximal and control-variate terms, momentum, adaptive C) carry into the update are found.
+    cfg = _cfg(method=method, rounds=3, **changes)
+    clean = run_audit(cfg, canaries=400)
+    assert clean.epsilon_accounted == pytest.approx(2.0, abs=0.02) and not clean.refutes, clean
+    assert clean.path == ("batch_mean" if "privacy.clipping" in changes else
+                          "sparse_extra" if "privacy.engine" in changes else "layer_pairs")
+    monkeypatch.setattr(clipping, "_gaussian_like", lambda grads, std, gen: [torch.zeros_like(g) for g in grads])
+    assert run_audit(cfg, canaries=400).refutes
+
+
+# --------------------------------------------------------------------------- the Gaussian side channels
+
+@pytest.mark.parametrize("method, upload", [("dp-fedavg-adaptive", "unclipped_count"), ("feddimdp", "norm_histogram")])
+def test_side_channels_are_audited_and_a_tenth_of_the_noise_is_caught(monkeypatch, method, upload):
+    import numpy as np
+
+    import raysim.algorithms.feddimdp as feddimdp
+    import raysim.algorithms.quantile as quantile
+    from raysim.audit import audit_side_channels
+    cfg = _cfg(method=method)
+    (audit,) = [s for s in audit_side_channels(cfg, releases=4000) if s.name == upload]
+    assert audit.audited and audit.noise_multiplier == 25.0 and audit.epsilon_lower_bound <= audit.epsilon_accounted
+    if method == "feddimdp":
+        (val,) = [s for s in audit_side_channels(cfg, releases=100) if s.name == "val_f1"]
+        assert not val.audited and "clamped" in val.reason
+        real = feddimdp._noisy_norm_histogram
+
+        def buggy(ctx):   # the release's noise a tenth of what is accounted (an injected bug)
+            counts = feddimdp.example_norm_histogram(ctx.example_norms, feddimdp.adpc_edges(ctx.cfg))
+            return counts + ctx.rng("adpc-histogram-noise").normal(0.0, 2.5, counts.shape)
+        monkeypatch.setattr(feddimdp, "_noisy_norm_histogram", buggy)
+        assert real is not buggy
+    else:
+        def buggy(ctx):
+            count = float(np.sum(ctx.example_norms <= ctx.task.clip_norm))
+            return count + 2.5 * ctx.rng("quantile-noise").standard_normal()
+        monkeypatch.setattr(quantile, "_unclipped_count", buggy)
+    (bugged,) = [s for s in audit_side_channels(cfg, releases=4000) if s.name == upload]
+    assert bugged.epsilon_lower_bound > bugged.epsilon_accounted, bugged
