@@ -71,9 +71,12 @@ class GradSampleEngine(Protocol):
         """Per-example norms and ``scale · Σ_i c_i ∇ℓ_i`` of the summed CE loss; with ``out`` (one
         tensor per parameter, in its shape), that sum is added to ``out`` in place and
         ``ClippedGrads.grads`` are those tensors. ``extra`` (the privacy audit's canaries only): k more
-        examples given by their sparse unclipped gradients (:class:`SparseExamples`); their
+        examples, given either by what the ``bk`` engine records of an example (:class:`LayerCanaries`:
+        their rows join the batch's recorded pairs, so their norms and clipped sums are computed by the
+        same per-layer code) or by their sparse unclipped gradients (:class:`SparseExamples`: their
         per-layer norms join the batch's before the clip factors are computed, and their clipped
-        gradients join the sum, exactly as the batch's examples do."""
+        gradients join the sum); either way their clip factors come from the batch's one
+        :func:`clip_factors` call."""
         ...
 
     def example_norms(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
