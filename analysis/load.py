@@ -15,6 +15,8 @@ from typing import Any
 import pandas as pd
 
 from raysim.results import read_table
+from raysim.results.rows import exceptions_of
+from raysim.config import ConfigError
 
 # the columns that identify one experimental setting; seeds of a setting are averaged
 GROUP_KEYS: list[str] = ["method", "dataset", "partition", "alpha", "privacy"]
@@ -38,7 +40,7 @@ def load_results(folder: str | os.PathLike[str]) -> Results:
     """
     folder = str(folder)
     if "://" not in folder and not os.path.isdir(folder):
-        raise ValueError(f"results folder {folder!r} does not exist")
+        raise ConfigError(f"results folder {folder!r} does not exist")
     return Results(*(read_table(folder, name) for name in ("runs", "rounds", "clients", "partitions")))
 
 
@@ -50,8 +52,9 @@ def _config(row: pd.Series) -> dict[str, Any]:
 
 
 def privacy_label(row: pd.Series) -> str:
-    """'no DP', 'ε=8' (calibrated target) or 'σ=1.1' (given noise), plus a non-default clipping mode, or
-    the client unit (and the deployment the noise is sized for)."""
+    """'no DP', 'ε=8' (calibrated target) or 'σ=1.1' (given noise), with the uploads ε does not cover
+    ('ε=8 except cra.local_val_f1'), plus a non-default clipping mode, or the client unit (and the
+    deployment the noise is sized for)."""
     privacy = _config(row).get("privacy", {})
     clipping = row.get("clipping") if isinstance(row.get("clipping"), str) else privacy.get("clipping", "auto")
     if clipping == "none":
@@ -63,6 +66,9 @@ def privacy_label(row: pd.Series) -> str:
     else:
         # a non-private method with clipping=auto before its setup row was written
         return "no DP"
+    keys = exceptions_of(row.get("epsilon_exceptions"))
+    if keys:   # uploads ε does not cover (privacy.allow_uncovered): never a bare ε
+        label = f"{label} except {', '.join(keys)}"
     if privacy.get("unit") == "client":
         deployment = privacy.get("noise_cohort_size")
         return f"{label}, client-level" + (f", noise of {deployment}/{privacy['population_size']}" if deployment else "")

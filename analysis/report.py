@@ -16,6 +16,8 @@ from analysis import plots
 from analysis.load import Results, load_results, with_keys
 from analysis.tables import MISSING, PAPER_SUFFIX, summarise, table1, table2, to_markdown
 from raysim.results import read_table
+from raysim.results.rows import exceptions_of
+from raysim.config import ConfigError
 
 ACCOUNTING_SCOPE = (
     "Each run's ε is for its privacy unit (the column 'unit'). Unit example: record-level (ε, δ)-DP per "
@@ -70,6 +72,13 @@ def _not_covered_text(row: pd.Series) -> str:
     return text or "nothing uploaded outside DP-SGD"
 
 
+def _epsilon_text(row: pd.Series) -> str:
+    """ε with the uploads it does not cover beside it (``privacy.allow_uncovered``), never a bare number then."""
+    text = _fmt_float(row["epsilon"])
+    keys = exceptions_of(row.get("epsilon_exceptions"))
+    return f"{text} except {', '.join(keys)}" if keys else text
+
+
 def _attention(runs: pd.DataFrame) -> pd.DataFrame:
     incomplete = runs["rounds_completed"].fillna(0) < runs["rounds"]
     sel = runs[(runs["status"] != "completed") | incomplete]
@@ -88,7 +97,7 @@ def _column(runs: pd.DataFrame, name: str) -> list[str]:
 def _privacy_table(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         "run_id": runs["run_id"], "method": runs["method"], "status": runs["status"],
-        "ε spent": [_fmt_float(e) for e in runs["epsilon"]], "δ": [_fmt_float(d, "{:g}") for d in runs["delta"]],
+        "ε spent": [_epsilon_text(r) for _, r in runs.iterrows()], "δ": [_fmt_float(d, "{:g}") for d in runs["delta"]],
         "σ (max over clients)": [_fmt_float(s) for s in runs["noise_multiplier"]],
         "clipping": [c if isinstance(c, str) else MISSING for c in runs["clipping"]],
         "accountant": runs["accountant"].fillna(MISSING),
@@ -149,6 +158,11 @@ def _tuning_blocks(tuning: pd.DataFrame) -> list[_Block]:
                    _Text("Fixed: the base config's hyperparameters, same seeds."),
                    _Table(_comparison(summarise_tune(records, "fixed", metric), reference))]
         search = t[t["stage"] == "search"]
+        if "epsilon_exceptions" in t:
+            uncovered = sorted({f"{c}: {e}" for c, e in zip(t["contestant"], t["epsilon_exceptions"]) if isinstance(e, str) and e})
+            if uncovered:   # ε is never shown bare for a contestant that opted in to uncovered uploads
+                blocks.append(_Text("ε does not cover these uploads, which the config opted in to "
+                                    "(privacy.allow_uncovered): " + "; ".join(uncovered) + "."))
         if len(search):
             chosen = (search[search["chosen"]].groupby("contestant", sort=False)
                       .agg(candidate=("candidate", "first"), objective=("candidate_objective", "first")).reset_index())
@@ -303,7 +317,7 @@ def build_report(results_dir: str | os.PathLike[str], out: str | os.PathLike[str
     folder = str(results_dir)
     results = load_results(folder)
     if results.runs.empty:
-        raise ValueError(f"no runs in {folder!r} (expected Parquet files under {os.path.join(folder, 'runs')})")
+        raise ConfigError(f"no runs in {folder!r} (expected Parquet files under {os.path.join(folder, 'runs')})")
     out_dir = Path(out) if out is not None else Path(folder) / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
     blocks, summary = _blocks(folder, results, out_dir / "figures", out_dir)

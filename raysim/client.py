@@ -78,6 +78,8 @@ class ClientRunner:
         self.layer_slices = layer_slices(self.model)
         self.engine = make_engine(cfg.privacy.engine)
         self.uploads = self.spec.uploads(cfg)
+        #: The privacy audit only (``raysim.audit``): task -> the per-step canaries of that task's training, or None.
+        self.canaries: Any = None
 
     def evaluate(self, weights: torch.Tensor, x: torch.Tensor, y: torch.Tensor, num_classes: int) -> Evaluation:
         """The global model ``weights`` on a test set, on this runner's device (``runtime.eval_on=actor``)."""
@@ -123,7 +125,8 @@ class ClientRunner:
         hooks = self.spec.client(self.cfg, payload, task)
         client_level = self.clipping == UPDATE_CLIPPING   # local training without DP; the whole update clipped
         stats = local_train(model, x, y, hooks, clipping="none" if client_level else self.clipping, engine=self.engine,
-                            per_layer=self.spec.per_layer_clipping, seed=self.cfg.train_seed, client_id=task.client_id)
+                            per_layer=self.spec.per_layer_clipping, seed=self.cfg.train_seed, client_id=task.client_id,
+                            canaries=self.canaries(task) if self.canaries is not None else None)
         params = list(model.parameters())
         new_state = hooks.finalize(params, stats.num_steps)
         with torch.no_grad():

@@ -90,6 +90,8 @@ class PrivacyConfig:
     mechanism: str = "gaussian"        # client unit: gaussian (noised cohort sum, sampled cohorts) | tree (DP-FTRL)
     noise_cohort_size: int | None = None   # client unit: k' of a deployment the noise is sized for (with
     population_size: int | None = None     # population_size N'); ε is then the deployment's
+    allow_uncovered: tuple[str, ...] = ()  # uploads computed from private data without noise that the run
+                                           # may make, by name (e.g. [cra.local_val_f1]); any other is refused
 
 
 @dataclass(frozen=True)
@@ -263,6 +265,13 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
         if not math.isfinite(value):
             _fail(key, f"expected a finite number, got {value!r}")
         return float(value)
+    if typing.get_origin(annotation) is tuple and typing.get_args(annotation) == (str, ...):
+        if value is None:
+            return ()
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)) or not all(isinstance(v, str) for v in items):
+            _fail(key, f"expected a list of names, got {value!r}")
+        return tuple(items)
     if annotation is str:
         if not isinstance(value, str):
             _fail(key, f"expected a string, got {value!r}")
@@ -577,6 +586,7 @@ def result_hash(cfg: Config) -> str:
         if values["privacy"].get(key) == default:
             del values["privacy"][key]
     del values["plugins"]   # where the code comes from; the names it registers are in the config
+    values["privacy"].pop("allow_uncovered", None)   # permits a release, changes no result
     if _SECTION_IN_USE:
         for name, _ in cfg.sections:
             if not _SECTION_IN_USE[0](cfg, name):

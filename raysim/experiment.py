@@ -13,6 +13,7 @@ import numpy as np
 from raysim.algorithms.registry import get_method, resolve_preset
 from raysim.config import Config, ConfigError, run_id_for
 from raysim.data import DATASETS, load_dataset
+from raysim.privacy.plan import epsilon_exceptions
 from raysim.results import ResultsSink
 from raysim.results.rows import now, run_row
 from raysim.rng import np_generator
@@ -123,7 +124,8 @@ def run_experiment(cfg: Config, results_dir: str, host: DriverHost, *, sweep_id:
         row.update(placement)
         row.update(clipping=setup.clipping, noise_multiplier=_finite_or_none(setup.max_noise_multiplier),
                    startup_seconds=setup.startup_seconds,
-                   not_covered_by_epsilon=setup.not_covered_by_epsilon, num_params=setup.num_params)
+                   not_covered_by_epsilon=setup.not_covered_by_epsilon, num_params=setup.num_params,
+                   epsilon_exceptions=epsilon_exceptions(get_method(cfg.method), resolve_preset(cfg), setup.clipping))
         sink.write_partition(run_id, setup.partition_stats)
         sink.write_run(row)
         if on_setup:

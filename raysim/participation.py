@@ -27,6 +27,7 @@ import numpy as np
 
 from raysim.config import Config
 from raysim.rng import np_generator
+from raysim.config import ConfigError
 
 __all__ = ["participation_schedule", "rounds_by_client", "is_full", "rounds_per_pass"]
 
@@ -51,7 +52,7 @@ def _round_cohort(cfg: Config, server_round: int) -> np.ndarray:
         pass_index, slot = divmod(server_round - 1, per_pass)
         order = np_generator(cfg.seed, "participation-pass", pass_index).permutation(n)
         return np.sort(order[slot * k:(slot + 1) * k]).astype(np.int64)
-    raise ValueError(f"unknown participation {cfg.participation!r}")
+    raise ConfigError(f"unknown participation {cfg.participation!r}")
 
 
 def participation_schedule(cfg: Config) -> list[np.ndarray]:

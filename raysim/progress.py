@@ -9,6 +9,7 @@ from typing import Any
 from tqdm import tqdm
 
 from raysim.config import Config
+from raysim.results.rows import epsilon_label
 from raysim.simulation import RoundRecord, SetupRecord
 
 
@@ -21,6 +22,12 @@ class RunProgress:
                         file=sys.stderr, dynamic_ncols=True, leave=True)
         self.bar.set_postfix_str("starting actors…")
         self.last_eval: tuple[int, float, float] | None = None
+        from raysim.algorithms.registry import get_method, resolve_preset
+        from raysim.privacy.plan import epsilon_exceptions, resolve_clipping
+        resolved = resolve_preset(cfg)
+        spec = get_method(resolved.method)
+        #: the uploads ε does not cover (privacy.allow_uncovered), shown beside ε
+        self.exceptions = epsilon_exceptions(spec, resolved, resolve_clipping(spec, resolved))
 
     def setup(self, setup: SetupRecord) -> None:
         sig = setup.max_noise_multiplier
@@ -37,7 +44,7 @@ class RunProgress:
 
     def round(self, rec: RoundRecord) -> None:
         r = rec.round_row
-        eps = "∞" if not math.isfinite(r["epsilon"]) else f"{r['epsilon']:.2f}"
+        eps = epsilon_label(r["epsilon"], self.exceptions)
         if math.isfinite(r["test_accuracy"]):   # with eval_every > 1, the last evaluated round's metrics
             self.last_eval = (rec.server_round, r["test_accuracy"], r["test_f1"])
         if self.last_eval is None:

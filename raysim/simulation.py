@@ -30,7 +30,7 @@ from raysim.algorithms.base import MethodContext
 from raysim.algorithms.registry import get_method, resolve_preset
 from raysim.allocator import configure_process
 from raysim.client import eval_where
-from raysim.config import Config
+from raysim.config import Config, ConfigError
 from raysim.data import ArrayDataset
 from raysim.messages import ClientData, ClientResult, ClientTask, RoundPayload
 from raysim.metrics import Evaluation, evaluate
@@ -55,7 +55,7 @@ from raysim.training import sample_rate, steps_per_epoch
 CHECKPOINT_FORMAT = 3
 
 
-class CheckpointError(ValueError):
+class CheckpointError(ConfigError):
     """A checkpoint this code cannot resume from."""
 
 

@@ -26,6 +26,7 @@ from typing import Any, Iterable, Iterator
 
 import pyarrow.fs as pafs
 import torch
+from raysim.config import ConfigError
 
 __all__ = ["ClientStateStore", "SPILL_BYTES", "delete_files", "tensor_bytes"]
 
@@ -111,7 +112,7 @@ class ClientStateStore:
             with self._fs.open_input_stream(path) as f:
                 blob = f.read()
         except FileNotFoundError:
-            raise ValueError(f"the state of client {cid} is missing ({path}); the run cannot resume from this "
+            raise ConfigError(f"the state of client {cid} is missing ({path}); the run cannot resume from this "
                              f"checkpoint, rerun it with --restart") from None
         # Files this run wrote itself (the same trust as the pickled checkpoint that names them).
         return torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False)
@@ -168,12 +169,12 @@ class ClientStateStore:
         """Continue from ``manifest`` (what :meth:`manifest` returned, in a checkpoint)."""
         files = {int(c): str(n) for c, n in manifest.get("files", {}).items()}
         if files and self.directory is None:
-            raise ValueError("this checkpoint keeps client states in files; give the run its state directory")
+            raise ConfigError("this checkpoint keeps client states in files; give the run its state directory")
         self._memory = {int(c): s for c, s in manifest.get("memory", {}).items()}
         self._files = files
         self._released = []
         missing = [n for n in files.values() if self._fs.get_file_info(posixpath.join(self._root, n)).type
                    == pafs.FileType.NotFound][:3]
         if missing:
-            raise ValueError(f"client state files {missing} named by the checkpoint are missing from "
+            raise ConfigError(f"client state files {missing} named by the checkpoint are missing from "
                              f"{self.directory}; rerun with --restart")

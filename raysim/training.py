@@ -19,7 +19,7 @@ from torch import nn
 
 from raysim.algorithms.base import ClientHooks
 from raysim.privacy.clipping import privatize
-from raysim.privacy.grad_sample import GradSampleEngine, SparseExamples
+from raysim.privacy.grad_sample import GradSampleEngine, LayerCanaries, SparseExamples
 from raysim.rng import np_generator, torch_generator
 
 
@@ -60,13 +60,14 @@ def example_norm_pass(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, eng
 
 def local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, hooks: ClientHooks, *, clipping: str,
                 engine: GradSampleEngine, per_layer: bool, seed: int, client_id: int,
-                canaries: Callable[[int], SparseExamples | None] | None = None) -> LocalStats:
+                canaries: Callable[[int], LayerCanaries | SparseExamples | None] | None = None) -> LocalStats:
     """Run E local epochs of (DP-)SGD on (x, y) in place on ``model``.
 
     Random streams: batches from ``(seed, "batches", round, client)``, noise from
     ``(seed, "dp-noise", round, client, step, release)`` — independent of where this runs.
-    ``canaries(step)`` (the privacy audit only) gives extra examples' unclipped gradients for that step
-    (:class:`~raysim.privacy.grad_sample.SparseExamples`), clipped and noised with the batch by :func:`privatize`.
+    ``canaries(step)`` (the privacy audit only) gives that step's extra examples
+    (:class:`~raysim.privacy.grad_sample.LayerCanaries` or
+    :class:`~raysim.privacy.grad_sample.SparseExamples`), clipped and noised with the batch by :func:`privatize`.
     """
     cfg, task = hooks.cfg, hooks.task
     n, batch_size = len(y), cfg.batch_size

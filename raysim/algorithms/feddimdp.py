@@ -15,8 +15,9 @@ FedAvg weights), bit for bit. The paper's ablation names are presets of the swit
   post-processing of the same releases. The literal update-norm statistics are kept as options; they are
   post-processing of Δw_i and degenerate (docs/methods.md). Off: C = ``privacy.clip_norm`` fixed.
 * CRA: reliability-weighted aggregation with one projected step onto the capped simplex. Its utility
-  signal q_i (R, ``cra.utility``) is the local validation macro-F1 (uploaded; not covered by ε unless
-  ``cra.private_val_f1``) or the macro-F1 of w + Δw_i on the public server hold-out (post-processing).
+  signal q_i (R, ``cra.utility``) is the local validation macro-F1, noised by the client and composed
+  into its ledger (``cra.private_val_f1``, default; un-noised only with ``privacy.allow_uncovered:
+  [cra.local_val_f1]``), or the macro-F1 of w + Δw_i on the public server hold-out (post-processing).
   Off: FedAvg weights n_i / Σ n_j.
 """
 
@@ -122,7 +123,8 @@ class CRAParams:
     weight_by_samples: bool = True     # (R) α_i ∝ n_i r_i (False: ∝ r_i)
     eta_g: float = 1.0                 # global step
     utility: str = "local_val_f1"      # (R) q_i: local_val_f1 (client's own val split) | server_val_f1 (public hold-out)
-    private_val_f1: bool = False       # noise q_i and account it in the same ledger
+    private_val_f1: bool = True        # noise q_i and account it in the same ledger (false: q_i uploaded as is,
+                                       # needs privacy.allow_uncovered: [cra.local_val_f1]; docs/methods.md)
     val_f1_noise_multiplier: float = 20.0  # σ of the q_i release: noise std = σ · sensitivity
     val_f1_sensitivity: float = 1.0    # macro-F1 ∈ [0, 1]; 1 is the safe worst-case bound
 
@@ -184,7 +186,8 @@ def feddimdp_uploads(cfg: Config) -> tuple[Upload, ...]:
     if sw.on("cra") and cfg.cra.utility == "local_val_f1":
         release = (Release("gaussian", cfg.cra.val_f1_noise_multiplier) if cfg.cra.private_val_f1
                    else Release("not_covered"))
-        out.append(Upload("val_f1", "q_i, CRA's macro-F1 on the local validation split", _local_val_f1, release, ("val_f1",)))
+        out.append(Upload("val_f1", "q_i, CRA's macro-F1 on the local validation split", _local_val_f1, release, ("val_f1",),
+                          opt_in="cra.local_val_f1"))
     return tuple(out)
 
 

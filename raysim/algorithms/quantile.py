@@ -17,17 +17,20 @@ them into b̄ and sets C^(t+1) = C^(t)·exp(−η_c·(b̄ − γ)) (``quantile.e
 
 Which norms b_i tracks is ``quantile.norm_source`` (R):
 
-* ``per_example`` (default): b_i = the fraction of client i's examples whose gradient norm at the
-  round's starting model is ≤ C^(t), from the pre-round norm pass over all n_i examples
+* ``per_example`` (default): client i releases c_i = the number of its examples whose gradient norm at
+  the round's starting model is ≤ C^(t), from the pre-round norm pass over all n_i examples
   (:func:`raysim.training.example_norm_pass`), which is independent of the round's DP-SGD sampling
   and noise. Andrew et al. track the quantile of the *unclipped* update norm; in record-level DP-SGD
   the unclipped quantity is the per-example gradient, so this is their estimator applied to it.
-  b_i is computed from private data, so the *client* adds N(0, σ_b²) (σ_b =
-  ``quantile.noise_multiplier``) from its own stream ``(seed, "quantile-noise", round, client)``
-  before upload: a Gaussian mechanism of sensitivity 1 (b_i ∈ [0, 1]) composed into its ledger
-  (docs/privacy.md). With σ_b = 0 the bit is uploaded as is and reported as not covered by ε.
-  (Andrew et al. noise the sum on a trusted server; raysim's server is honest but curious, so each
-  client noises its own b_i and the noise of the mean b̄ is σ_b/√N.)
+  c_i is computed from private data, so the *client* adds N(0, σ_b²) (σ_b =
+  ``quantile.noise_multiplier``, default 25 for this source: docs/methods.md) from its own stream
+  ``(seed, "quantile-noise", round, client)`` before upload: a Gaussian mechanism of sensitivity 1
+  (adding or removing one example changes the count by at most 1), composed into its ledger and into
+  σ calibration (docs/privacy.md). The server forms b̄ = Σ_i c̃_i / Σ_i n_i (the sizes n_i are public),
+  so the noise of b̄ is σ_b·√N / Σ n_i. σ_b = 0 uploads the count un-noised: not covered by ε, and
+  refused unless ``privacy.allow_uncovered`` lists ``quantile.unclipped_count``. (Andrew et al. noise
+  the sum on a trusted server; raysim's server is honest but curious, so each client noises its own
+  count.)
 * ``update``: b_i = 1[s_i ≤ C^(t)] with s_i = ‖Δw_i‖/(η_l·τ_i), the update norm in per-step units as in
   ADPC, noised by the server from ``(seed, "quantile-noise", round)``. Post-processing of DP outputs
   (free), but degenerate in this setting: the clean part of s_i is
@@ -58,25 +61,39 @@ class QuantileParams:
 
     eta_c: float = 0.2
     target_quantile: float = 0.5
-    noise_multiplier: float = 0.0      # σ_b of the clipped-count release (0: not private)
+    noise_multiplier: float | None = None  # σ_b; unset: 25 for per_example (the client's count release,
+                                       # sensitivity 1; 0 is not private and needs privacy.allow_uncovered:
+                                       # [quantile.unclipped_count]), 0 for update (the server's, post-processing)
     norm_source: str = "per_example"   # (R) per_example (fraction of unclipped examples) | update (‖Δw‖ per step)
 
     def check(self, cfg: Config) -> None:
         for key in ("eta_c", "noise_multiplier"):
-            if not getattr(self, key) >= 0:
+            if getattr(self, key) is not None and not getattr(self, key) >= 0:
                 fail(f"quantile.{key}", f"must be >= 0, got {getattr(self, key)}")
         if not 0 <= self.target_quantile <= 1:
             fail("quantile.target_quantile", f"must be in [0, 1], got {self.target_quantile}")
         check_choice("quantile.norm_source", self.norm_source, ("per_example", "update"))
 
 
-def _unclipped_fraction(ctx: UploadContext) -> float:
-    """b_i = the fraction of the client's examples whose gradient norm at the round's starting model is
+#: σ_b of the per-example count release when ``quantile.noise_multiplier`` is unset (docs/methods.md)
+COUNT_NOISE_MULTIPLIER = 25.0
+
+
+def sigma_b(cfg: Config) -> float:
+    """``quantile.noise_multiplier``, or its default for the norm source."""
+    q = cfg.quantile
+    if q.noise_multiplier is not None:
+        return float(q.noise_multiplier)
+    return COUNT_NOISE_MULTIPLIER if q.norm_source == "per_example" else 0.0
+
+
+def _unclipped_count(ctx: UploadContext) -> float:
+    """c_i = the number of the client's examples whose gradient norm at the round's starting model is
     ≤ C^(t) (the pre-round norm pass), plus N(0, σ_b²) from the client's own stream when σ_b > 0."""
-    sigma = ctx.cfg.quantile.noise_multiplier
+    sigma = sigma_b(ctx.cfg)
     norms = ctx.example_norms
-    b = float(np.mean(norms <= ctx.task.clip_norm)) if norms is not None and norms.size else 0.0
-    return float(b + sigma * ctx.rng("quantile-noise").standard_normal()) if sigma > 0 else float(b)
+    count = float(np.sum(norms <= ctx.task.clip_norm)) if norms is not None else 0.0
+    return float(count + sigma * ctx.rng("quantile-noise").standard_normal()) if sigma > 0 else count
 
 
 def _update_within_clip(ctx: UploadContext) -> float:
@@ -90,10 +107,10 @@ def quantile_uploads(cfg: Config) -> tuple[Upload, ...]:
                        _update_within_clip, Release("joint")),)
     if cfg.quantile.norm_source != "per_example":
         return ()
-    sigma = cfg.quantile.noise_multiplier
+    sigma = sigma_b(cfg)
     release = Release("gaussian", sigma) if sigma > 0 else Release("not_covered")
-    return (Upload("unclipped_fraction", "b_i, fraction of the round's examples with gradient norm <= C",
-                   _unclipped_fraction, release, needs_example_norms=True),)
+    return (Upload("unclipped_count", "c_i, the client's examples with gradient norm <= C at the round's start",
+                   _unclipped_count, release, needs_example_norms=True, opt_in="quantile.unclipped_count"),)
 
 
 class QuantileClipServer(Server):
@@ -105,7 +122,7 @@ class QuantileClipServer(Server):
         return self.current_clip
 
     def unclipped_fraction(self, server_round: int, results: Sequence[ClientResult]) -> float:
-        """b̄, the noised mean of the clients' b_i (see the module docstring)."""
+        """b̄, the noised fraction of unclipped examples (see the module docstring)."""
         q = self.cfg.quantile
         plan = self.ctx.client_level
         if plan is not None:
@@ -115,8 +132,9 @@ class QuantileClipServer(Server):
         if q.norm_source == "update":
             rng = np_generator(self.cfg.train_seed, "quantile-noise", server_round)
             s = np.array([update_norm_per_step(float(r.delta.norm()), self.cfg.lr, r.num_steps) for r in results])
-            return noised_fraction_below(s, self.current_clip, q.noise_multiplier, rng)
-        return float(np.mean([r.uploads["unclipped_fraction"] for r in results]))
+            return noised_fraction_below(s, self.current_clip, sigma_b(self.cfg), rng)
+        total = sum(r.num_samples for r in results)
+        return float(sum(r.uploads["unclipped_count"] for r in results) / total) if total else 0.0
 
     def aggregate(self, server_round: int, global_weights: torch.Tensor, results: Sequence[ClientResult]) -> Aggregate:
         agg = super().aggregate(server_round, global_weights, results)

@@ -66,7 +66,7 @@ def unregister(name: str) -> None:
 def get_method(name: str) -> "MethodSpec":
     load_methods()
     if name not in _METHODS:
-        raise ValueError(f"unknown method {name!r}; registered methods: {', '.join(sorted(_METHODS))}")
+        raise ConfigError(f"unknown method {name!r}; registered methods: {', '.join(sorted(_METHODS))}")
     return _METHODS[name]
 
 

@@ -13,8 +13,10 @@ Release kinds (record-level DP of one client's local data, docs/privacy.md):
   (the server is honest but curious), to a value of L2 sensitivity Δ under add/remove of one example.
   Accounted as a Gaussian mechanism with noise multiplier σ, ``per_round`` times per round.
 * ``post_processing``: computed only from DP outputs (Δw_i) and public values: free.
-* ``not_covered``: computed from private data and uploaded without noise; ε does not cover it and every
-  report says so.
+* ``not_covered``: computed from private data and uploaded without noise; ε does not cover it. A run that
+  makes such an upload is refused unless the config names the upload's ``opt_in`` key in
+  ``privacy.allow_uncovered`` (:func:`check_uncovered`); with the opt-in, every place that prints the
+  run's ε prints these keys beside it (``raysim.results.rows.epsilon_label``).
 * ``diagnostic``: logged by the simulation for analysis, never given to the server (the simulation
   strips it before aggregation); computed from private data, so listed as not covered too.
 * ``joint`` (``privacy.unit=client`` only): part of the round's one client-level release, summed over
@@ -30,7 +32,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-__all__ = ["Release", "Upload", "UploadContext", "LOGGED_PRIVATE", "gaussian_uploads", "not_covered_text"]
+from raysim.config import ConfigError
+
+__all__ = ["Release", "Upload", "UploadContext", "LOGGED_PRIVATE", "gaussian_uploads", "not_covered_text",
+           "uncovered_keys", "check_uncovered"]
 
 RELEASE_KINDS = ("gaussian", "post_processing", "not_covered", "diagnostic", "joint")
 
@@ -93,6 +98,13 @@ class Upload:
     release: Release
     columns: tuple[str, ...] = field(default=())
     needs_example_norms: bool = False  # the client runs the pre-round norm pass before training
+    #: ``not_covered`` only: the name a config lists in ``privacy.allow_uncovered`` to allow the upload
+    #: (a dotted key of the method's section, e.g. ``cra.local_val_f1``); default: the upload's name
+    opt_in: str = ""
+
+    @property
+    def opt_in_key(self) -> str:
+        return self.opt_in or self.name
 
 
 def gaussian_uploads(uploads: Sequence[Upload]) -> list[Upload]:
@@ -107,3 +119,24 @@ def not_covered_text(uploads: Sequence[Upload], clipping: str) -> str:
     logged = list(LOGGED_PRIVATE) + [u.name for u in uploads if u.release.kind == "diagnostic"]
     parts = uploaded + [f"logged by the simulation only, never uploaded: {', '.join(logged)}"]
     return "; ".join(parts)
+
+
+def uncovered_keys(uploads: Sequence[Upload], clipping: str) -> tuple[str, ...]:
+    """The opt-in keys of the uploads ε does not cover (``not_covered`` releases), in declaration order;
+    empty without DP (then nothing is covered, and the run claims no ε)."""
+    if clipping == "none":
+        return ()
+    return tuple(u.opt_in_key for u in uploads if u.release.kind == "not_covered")
+
+
+def check_uncovered(uploads: Sequence[Upload], clipping: str, allowed: Sequence[str]) -> tuple[str, ...]:
+    """Fail closed: raise :class:`~raysim.config.ConfigError` (one line, exit code 2) naming the first uncovered upload that ``allowed``
+    (``privacy.allow_uncovered``) does not list, and the key that opts in to it; else return the run's
+    exceptions (:func:`uncovered_keys`)."""
+    keys = uncovered_keys(uploads, clipping)
+    missing = [k for k in keys if k not in set(allowed)]
+    if missing:
+        upload = next(u for u in uploads if u.opt_in_key == missing[0])
+        raise ConfigError(f"this config uploads {missing[0]} ({upload.description}) without noise, so ε would not cover it; "
+                    f"use its private default, or opt in with privacy.allow_uncovered: [{', '.join(missing)}]")
+    return keys

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from typing import Sequence
 
 from raysim.cli import audit, methods, privacy, report, run, sweep, tune
@@ -40,12 +41,16 @@ def _diverged(exc: BaseException) -> str | None:
     return None
 
 
+#: The project's input errors: a bad config, option or file (``ConfigError`` and its subclasses: the audit's,
+#: the data registry's, the checkpoint's) and paths that do not exist. Only these get one line and exit
+#: code 2; any other exception is a bug and keeps its traceback.
+USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, FileNotFoundError, NotADirectoryError, IsADirectoryError)
+
+
 def _user_message(exc: BaseException) -> str | None:
-    if isinstance(exc, (ConfigError, ValueError, FileNotFoundError)):
-        return str(exc)
-    cause = getattr(exc, "cause", None)   # a ValueError raised inside a Ray actor
-    if isinstance(cause, ValueError):
-        return str(cause)
+    for e in (exc, getattr(exc, "cause", None)):   # `cause`: the exception raised inside a Ray actor
+        if isinstance(e, USER_ERRORS):
+            return str(e)
     return None
 
 
@@ -56,13 +61,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("raysim: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # user errors become one line; bugs keep their traceback
+    except Exception as exc:  # input errors become one line; bugs keep their traceback
         diverged = _diverged(exc)
         if diverged is not None:
             print(f"raysim: run failed: {diverged} (recorded as failed in the runs table)", file=sys.stderr)
             return 1
         msg = _user_message(exc)
         if msg is None:
-            raise
+            traceback.print_exc()
+            print(f"raysim: internal error ({type(exc).__name__}): this is a bug in raysim, not in the input; "
+                  f"please report it with the traceback above", file=sys.stderr)
+            return 1
         print(f"raysim: error: {msg.splitlines()[0] if msg else type(exc).__name__}", file=sys.stderr)
         return 2

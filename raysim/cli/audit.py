@@ -14,17 +14,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("config", help="YAML config file (with method a list, the first method is audited)")
     add_run_options(p)
     p.add_argument("--canaries", type=int, default=None, metavar="M",
-                   help="canaries: gradient canaries under privacy.unit=example (default 10000), canary clients "
-                        "under privacy.unit=client (default 1000)")
+                   help="privacy.unit=example: gradient canaries spread over every parametrised layer (default "
+                        "10000); privacy.unit=client: canary clients (default 1000)")
     p.add_argument("--guess-fraction", type=float, default=0.1, metavar="F",
                    help="guess the top and the bottom F of the canaries' scores (default 0.1; in (0, 0.5])")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=cmd_audit)
 
 
-def cmd_audit(args: argparse.Namespace) -> int:
-    from raysim.audit import run_audit
+def _client_audit(cfg, args: argparse.Namespace) -> int:
+    """``privacy.unit=client``: canary clients (``raysim.audit_clients``), trained in this process."""
     from raysim.audit_clients import run_client_audit
+    from raysim.runtime.serial import SerialExecutor
+    found = run_client_audit(cfg, SerialExecutor(), canaries=args.canaries if args.canaries is not None else 1000,
+                             guess_fraction=args.guess_fraction)
+    if args.json:
+        print(json.dumps(found.as_dict()))
+        return 0
+    print(f"{cfg.method} (client-level, σ = {found.noise_multiplier:.4f}, {found.rounds} rounds, "
+          f"{found.insertions} canary updates inserted): ε_lb = {found.epsilon_lower_bound:.3f} (95 % "
+          f"confidence; ceiling {found.epsilon_ceiling:.3f}), one-shot estimate ε ≈ {found.epsilon_estimate:.3f}, "
+          f"against accounted ε = {found.epsilon_accounted:.3f} at δ = {found.delta:g}; "
+          f"{found.correct}/{found.guesses} guesses right over {found.canaries} canary clients")
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
     values = apply_overrides(read_yaml(args.config), cli_overrides(list(args.overrides), args.data_root, args.address))
     method = values.get("method", "fedavg")
     values["method"] = method[0] if isinstance(method, list) else method
@@ -32,27 +47,27 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if cfg.privacy.epsilon is None and cfg.privacy.noise_multiplier is None:
         raise ConfigError("the audit needs privacy.epsilon or privacy.noise_multiplier")
     if cfg.privacy.unit == "client":
-        from raysim.runtime.serial import SerialExecutor
-        found = run_client_audit(cfg, SerialExecutor(), canaries=args.canaries if args.canaries is not None else 1000,
-                                 guess_fraction=args.guess_fraction)
-        if args.json:
-            print(json.dumps(found.as_dict()))
-        else:
-            print(f"{cfg.method} (client-level, σ = {found.noise_multiplier:.4f}, {found.rounds} rounds, "
-                  f"{found.insertions} canary updates inserted): ε_lb = {found.epsilon_lower_bound:.3f} (95 % "
-                  f"confidence; ceiling {found.epsilon_ceiling:.3f}), one-shot estimate ε ≈ "
-                  f"{found.epsilon_estimate:.3f}, against accounted ε = {found.epsilon_accounted:.3f} at δ = "
-                  f"{found.delta:g}; {found.correct}/{found.guesses} guesses right over {found.canaries} canary "
-                  f"clients")
-        return 0
-    result = run_audit(cfg, canaries=args.canaries if args.canaries is not None else 10000,
-                       guess_fraction=args.guess_fraction)
+        return _client_audit(cfg, args)
+    from raysim.audit import record_level_audit
+    report = record_level_audit(cfg, canaries=args.canaries if args.canaries is not None else 10000,
+                                guess_fraction=args.guess_fraction)
     if args.json:
-        print(json.dumps(result.as_dict()))
-    else:
-        print(f"{cfg.method} ({result.clipping} clipping, σ = {result.noise_multiplier:.4f}, {result.steps} steps): "
-              f"ε_lb = {result.epsilon_lower_bound:.3f} (95 % confidence) against accounted ε = "
-              f"{result.epsilon_accounted:.3f} at δ = {result.delta:g}; {result.correct}/{result.guesses} guesses "
-              f"right over {result.canaries} canaries; ceiling {result.epsilon_ceiling:.3f} (the ε_lb of every "
-              f"guess right: a claim above it cannot be refuted by this audit)")
+        print(json.dumps(report.as_dict()))
+        return 0
+    r = report.dp_sgd
+    print(f"{cfg.method} DP-SGD ({r.clipping} clipping, canaries via {r.path}, σ = {r.noise_multiplier:.4f}, "
+          f"{r.steps} steps): ε_lb = {r.epsilon_lower_bound:.3f} (95 % confidence) against accounted ε = "
+          f"{r.epsilon_accounted:.3f} at δ = {r.delta:g}; {r.correct}/{r.guesses} guesses right over {r.canaries} "
+          f"canaries; ceiling {r.epsilon_ceiling:.3f} (the ε_lb of every guess right: a claim above it cannot be "
+          f"refuted by this audit)")
+    for p in r.per_layer:
+        print(f"  layer {p.layer} ({p.parameters} parameters): ε_lb = {p.epsilon_lower_bound:.3f}, "
+              f"{p.correct}/{p.guesses} right over {p.canaries} canaries, ceiling {p.epsilon_ceiling:.3f}")
+    for s in report.side_channels:
+        if s.audited:
+            print(f"side channel {s.name} (Gaussian, σ = {s.noise_multiplier:g}): ε_lb = {s.epsilon_lower_bound:.3f} "
+                  f"against accounted ε = {s.epsilon_accounted:.3f} per release; {s.correct}/{s.guesses} right over "
+                  f"{s.releases} releases; ceiling {s.epsilon_ceiling:.3f}")
+        else:
+            print(f"side channel {s.name}: not audited: {s.reason}")
     return 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from raysim.config import ConfigError
 
 # = raysim.privacy.accounting.ACCOUNTANTS (tests/unit/cli/test_privacy_cli.py checks), spelled out so
 # that building the parser does not import the accountant.
@@ -54,17 +55,17 @@ def _add_common_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _validate(args: argparse.Namespace) -> None:
     if not 0.0 < args.sample_rate <= 1.0:
-        raise ValueError(f"--sample-rate must be in (0, 1], got {args.sample_rate:g}")
+        raise ConfigError(f"--sample-rate must be in (0, 1], got {args.sample_rate:g}")
     if args.steps < 1:
-        raise ValueError(f"--steps must be >= 1, got {args.steps}")
+        raise ConfigError(f"--steps must be >= 1, got {args.steps}")
     if not 0.0 < args.delta < 1.0:
-        raise ValueError(f"--delta must be in (0, 1), got {args.delta:g}")
+        raise ConfigError(f"--delta must be in (0, 1), got {args.delta:g}")
     sigma = getattr(args, "noise_multiplier", None)
     if sigma is not None and not (sigma >= 0.0 and math.isfinite(sigma)):
-        raise ValueError(f"--noise-multiplier must be finite and >= 0, got {sigma:g}")
+        raise ConfigError(f"--noise-multiplier must be finite and >= 0, got {sigma:g}")
     target = getattr(args, "target_epsilon", None)
     if target is not None and not (target > 0.0 and math.isfinite(target)):
-        raise ValueError(f"--target-epsilon must be finite and > 0, got {target:g}")
+        raise ConfigError(f"--target-epsilon must be finite and > 0, got {target:g}")
 
 
 def _json_number(value: float) -> float | None:

@@ -9,7 +9,7 @@ from raysim.cli.common import add_run_options, print_table
 from raysim.config import apply_overrides, cli_overrides, config_from_dict, read_yaml
 
 RUN_COLUMNS = [("run_id", "run_id"), ("method", "method"), ("dataset", "dataset"),
-               ("final_test_accuracy", "accuracy"), ("final_test_f1", "macro-F1"), ("epsilon", "ε"),
+               ("final_test_accuracy", "accuracy"), ("final_test_f1", "macro-F1"), ("epsilon_shown", "ε"),
                ("privacy_unit", "unit"), ("wall_seconds", "wall s")]
 
 
@@ -51,6 +51,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def print_run_summary(rows: Sequence[dict[str, Any]], results_dir: str) -> None:
+    from raysim.results.rows import epsilon_label
+    # ε with the uploads it does not cover beside it (privacy.allow_uncovered), never a bare number then
+    rows = [{**r, "epsilon_shown": epsilon_label(r.get("epsilon"), r.get("epsilon_exceptions"), "{:.4f}")} for r in rows]
     print_table(rows, RUN_COLUMNS)
     for row in rows:
         if row.get("privacy_unit") == "client" and row.get("clipping") != "none":

@@ -14,7 +14,7 @@ from raysim.config import Config, ConfigError
 from raysim.sweep import Sweep, check_sweep, load_sweep, read_statuses, run_label
 
 SWEEP_COLUMNS = [("run_id", "run_id"), ("alpha", "α"), ("status", "status"), ("final_test_accuracy", "accuracy"),
-                 ("final_test_f1", "macro-F1"), ("epsilon", "ε"), ("wall_seconds", "wall s")]
+                 ("final_test_f1", "macro-F1"), ("epsilon_shown", "ε"), ("wall_seconds", "wall s")]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -105,8 +105,10 @@ class SweepProgress:
 
 def print_sweep_summary(sweep: Sweep, rows: dict[str, dict[str, Any] | None], results_dir: str) -> int:
     """The table of every run of the sweep; returns how many are not completed."""
-    print_table([rows.get(run_id) or {"run_id": run_id, "status": "missing"} for run_id in sweep.run_ids],
-                SWEEP_COLUMNS)
+    from raysim.results.rows import epsilon_label
+    shown = [rows.get(run_id) or {"run_id": run_id, "status": "missing"} for run_id in sweep.run_ids]
+    shown = [{**r, "epsilon_shown": epsilon_label(r.get("epsilon"), r.get("epsilon_exceptions"), "{:.4f}")} for r in shown]
+    print_table(shown, SWEEP_COLUMNS)
     bad = [(cfg, run_id, rows.get(run_id) or {}) for cfg, run_id in zip(sweep.configs, sweep.run_ids)
            if (rows.get(run_id) or {}).get("status") != "completed"]
     if bad:

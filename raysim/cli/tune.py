@@ -98,6 +98,10 @@ def privacy_statement(tune: Any, table: list[dict[str, Any]], deltas: Mapping[st
     gaps = {label: text for label, text in (uncovered or {}).items() if text}
     caveat = ("" if not gaps else " Uploads outside ε stay outside it, tuning or not: "
               + "; ".join(f"{label}: {text}" for label, text in gaps.items()) + ".")
+    opted = sorted({f"{r['contestant']}: {r['epsilon_exceptions']}" for r in table if r.get("epsilon_exceptions")})
+    if opted:
+        caveat += (f" ε does not cover these uploads, which the config opted in to (privacy.allow_uncovered): "
+                   f"{'; '.join(opted)}.")
     if not tune.private:
         cands = len({(r["contestant"], r["candidate"]) for r in search})
         return (f"Privacy: ε above is per training run; the tuning's privacy cost is NOT included (the field's common "

@@ -11,6 +11,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 import numpy as np
+from raysim.config import ConfigError
 
 if TYPE_CHECKING:
     import pandas
@@ -23,33 +24,33 @@ PARTITIONERS = ("iid", "dirichlet", "shards")
 def _validate(labels: np.ndarray, num_clients: int, scheme: str, alpha: float, min_samples_per_client: int,
               shards_per_client: int, shard_size_sigma: float, max_retries: int) -> np.ndarray:
     if scheme not in PARTITIONERS:
-        raise ValueError(f"unknown partition scheme {scheme!r}; valid schemes: {', '.join(PARTITIONERS)}")
+        raise ConfigError(f"unknown partition scheme {scheme!r}; valid schemes: {', '.join(PARTITIONERS)}")
     labels = np.asarray(labels)
     if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
-        raise ValueError(f"labels must be a 1-D integer array, got {labels.dtype} of shape {labels.shape}")
+        raise ConfigError(f"labels must be a 1-D integer array, got {labels.dtype} of shape {labels.shape}")
     n = labels.shape[0]
     if int(num_clients) < 1:
-        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+        raise ConfigError(f"num_clients must be >= 1, got {num_clients}")
     if num_clients > n:
-        raise ValueError(f"more clients than samples: {num_clients} clients for {n:,} samples")
+        raise ConfigError(f"more clients than samples: {num_clients} clients for {n:,} samples")
     if min_samples_per_client < 0:
-        raise ValueError(f"min_samples_per_client must be >= 0, got {min_samples_per_client}")
+        raise ConfigError(f"min_samples_per_client must be >= 0, got {min_samples_per_client}")
     if num_clients * min_samples_per_client > n:
-        raise ValueError(
+        raise ConfigError(
             f"{num_clients} clients x min_samples_per_client={min_samples_per_client} needs "
             f"{num_clients * min_samples_per_client:,} samples but only {n:,} exist; lower "
             f"data.min_samples_per_client or use fewer clients")
     if max_retries < 1:
-        raise ValueError(f"max_retries must be >= 1, got {max_retries}")
+        raise ConfigError(f"max_retries must be >= 1, got {max_retries}")
     if scheme == "dirichlet" and not (np.isfinite(alpha) and alpha > 0):
-        raise ValueError(f"Dirichlet concentration alpha must be a finite number > 0, got {alpha}")
+        raise ConfigError(f"Dirichlet concentration alpha must be a finite number > 0, got {alpha}")
     if scheme == "shards":
         num_classes = np.unique(labels).size
         if not 1 <= shards_per_client <= num_classes:
-            raise ValueError(f"shards_per_client must be between 1 and the number of classes ({num_classes}), "
+            raise ConfigError(f"shards_per_client must be between 1 and the number of classes ({num_classes}), "
                              f"got {shards_per_client}")
         if not (np.isfinite(shard_size_sigma) and shard_size_sigma >= 0):
-            raise ValueError(f"shard_size_sigma must be a finite number >= 0, got {shard_size_sigma}")
+            raise ConfigError(f"shard_size_sigma must be a finite number >= 0, got {shard_size_sigma}")
     return labels
 
 
@@ -181,7 +182,7 @@ def partition(labels: np.ndarray, num_clients: int, scheme: str, rng: np.random.
     knob = "raise alpha" if scheme == "dirichlet" else "lower shard_size_sigma or raise shards_per_client"
     setting = f"alpha={alpha}" if scheme == "dirichlet" else \
         f"shards_per_client={shards_per_client}, shard_size_sigma={shard_size_sigma}"
-    raise ValueError(
+    raise ConfigError(
         f"{scheme} partition with {setting} for {num_clients} clients on {n:,} samples "
         f"({np.unique(labels).size} classes): after {max_retries} attempts some client still had fewer than "
         f"min_samples_per_client={min_samples_per_client} samples (smallest in the last attempt: {smallest}); "
@@ -198,7 +199,7 @@ def train_val_split(indices: np.ndarray, val_fraction: float,
     privatised separately.
     """
     if not (np.isfinite(val_fraction) and 0.0 <= val_fraction < 1.0):
-        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+        raise ConfigError(f"val_fraction must be in [0, 1), got {val_fraction}")
     indices = np.asarray(indices, dtype=np.int64)
     n = indices.size
     n_val = int(np.floor(val_fraction * n + 0.5))
@@ -216,7 +217,7 @@ def partition_stats(labels: np.ndarray, parts: list[np.ndarray], num_classes: in
 
     labels = np.asarray(labels)
     if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
-        raise ValueError(f"labels span {labels.min()}..{labels.max()}, outside 0..{num_classes - 1}")
+        raise ConfigError(f"labels span {labels.min()}..{labels.max()}, outside 0..{num_classes - 1}")
     counts = np.stack([np.bincount(labels[np.asarray(p, dtype=np.int64)], minlength=num_classes)
                        for p in parts]) if parts else np.zeros((0, num_classes), dtype=np.int64)
     return pd.DataFrame({

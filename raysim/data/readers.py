@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from raysim.config import ConfigError
 
 __all__ = ["Source", "locate", "read_source", "download_with_torchvision", "read_digits"]
 
@@ -52,7 +53,7 @@ def _official_candidates(name: str, split: str, base: Path) -> tuple[str, list[P
     if name == "stl10":
         folder = base / "stl10_binary"
         return "stl10-bin", [folder / f"{split}_X.bin", folder / f"{split}_y.bin"]
-    raise ValueError(f"no official file format known for dataset {name!r}")
+    raise ConfigError(f"no official file format known for dataset {name!r}")
 
 
 def locate(name: str, split: str, root: Path) -> tuple[Source | None, list[str]]:
@@ -97,7 +98,7 @@ def _read_parquet(files: tuple[Path, ...], image_size: int, channels: int) -> tu
                       if pa.types.is_struct(f.type) and f.type.get_field_index("bytes") >= 0]
         label_cols = [c for c in ("label", "labels") if c in table.column_names]
         if len(image_cols) != 1 or not label_cols:
-            raise ValueError(
+            raise ConfigError(
                 f"{path}: expected one image column of type struct<bytes: binary, ...> and a 'label' column "
                 f"(the Hugging Face Parquet layout), found columns {table.schema.names}")
         blobs = table.column(image_cols[0]).combine_chunks().field("bytes").to_pylist()
@@ -106,11 +107,11 @@ def _read_parquet(files: tuple[Path, ...], image_size: int, channels: int) -> tu
         # than they save, and this runs once per file before the result is cached.
         for i, blob in enumerate(blobs):
             if blob is None:
-                raise ValueError(f"{path}: row {i} has no image bytes")
+                raise ConfigError(f"{path}: row {i} has no image bytes")
             with Image.open(io.BytesIO(blob)) as im:
                 arr = np.asarray(im if im.mode == mode else im.convert(mode))
             if arr.shape[:2] != (image_size, image_size):
-                raise ValueError(f"{path}: row {i} is a {arr.shape[1]}x{arr.shape[0]} image, "
+                raise ConfigError(f"{path}: row {i} is a {arr.shape[1]}x{arr.shape[0]} image, "
                                  f"expected {image_size}x{image_size}")
             x[i] = arr.reshape(image_size, image_size, channels)
         xs.append(x)
@@ -128,7 +129,7 @@ def _read_cifar_pickle(files: tuple[Path, ...]) -> tuple[np.ndarray, np.ndarray]
         data = batch.get(b"data", batch.get("data"))
         labels = batch.get(b"labels", batch.get("labels"))
         if data is None or labels is None:
-            raise ValueError(f"{path}: not a CIFAR-10 python batch (no 'data'/'labels' entries)")
+            raise ConfigError(f"{path}: not a CIFAR-10 python batch (no 'data'/'labels' entries)")
         xs.append(np.asarray(data, dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
         ys.append(np.asarray(labels, dtype=np.int64))
     return np.ascontiguousarray(np.concatenate(xs)), np.concatenate(ys)
@@ -140,7 +141,7 @@ def _read_svhn_mat(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
     mat = scipy.io.loadmat(str(path))
     if "X" not in mat or "y" not in mat:
-        raise ValueError(f"{path}: not an SVHN cropped-digits .mat file (needs variables 'X' and 'y')")
+        raise ConfigError(f"{path}: not an SVHN cropped-digits .mat file (needs variables 'X' and 'y')")
     x = np.ascontiguousarray(np.asarray(mat["X"], dtype=np.uint8).transpose(3, 0, 1, 2))
     y = np.asarray(mat["y"], dtype=np.int64).reshape(-1)
     y[y == 10] = 0  # the release labels digit 0 as 10; torchvision maps it the same way
@@ -151,7 +152,7 @@ def _read_stl10_bin(x_path: Path, y_path: Path) -> tuple[np.ndarray, np.ndarray]
     """STL-10 binaries: each image is 3x96x96 uint8 stored column-major (per channel, columns first)."""
     raw = np.fromfile(x_path, dtype=np.uint8)
     if raw.size % (3 * 96 * 96):
-        raise ValueError(f"{x_path}: size {raw.size} bytes is not a multiple of one 3x96x96 image")
+        raise ConfigError(f"{x_path}: size {raw.size} bytes is not a multiple of one 3x96x96 image")
     # Column-major within a channel means the fastest index is the row: reshape gives (N, C, W, H).
     x = np.ascontiguousarray(raw.reshape(-1, 3, 96, 96).transpose(0, 3, 2, 1))
     y = np.fromfile(y_path, dtype=np.uint8).astype(np.int64) - 1  # labels are 1..10 on disk
@@ -176,19 +177,19 @@ def read_source(source: Source, image_size: int, channels: int, num_classes: int
         elif source.kind == "stl10-bin":
             x, y = _read_stl10_bin(*source.files)
         else:
-            raise ValueError(f"unknown source kind {source.kind!r}")
+            raise ConfigError(f"unknown source kind {source.kind!r}")
     except ValueError as exc:
         if any(str(f) in str(exc) for f in source.files):
-            raise
-        raise ValueError(f"{where}: unreadable {source.kind} data: {_first_line(exc)}") from None
+            raise ConfigError(_first_line(exc)) from None
+        raise ConfigError(f"{where}: unreadable {source.kind} data: {_first_line(exc)}") from None
     except Exception as exc:  # truncated or corrupt files: OSError, EOFError, UnpicklingError, KeyError, ...
-        raise ValueError(f"{where}: unreadable {source.kind} data ({type(exc).__name__}: {_first_line(exc)})") from None
+        raise ConfigError(f"{where}: unreadable {source.kind} data ({type(exc).__name__}: {_first_line(exc)})") from None
     if x.shape[1:] != (image_size, image_size, channels):
-        raise ValueError(f"{where}: images have shape {x.shape[1:]}, expected {(image_size, image_size, channels)}")
+        raise ConfigError(f"{where}: images have shape {x.shape[1:]}, expected {(image_size, image_size, channels)}")
     if y.shape != (x.shape[0],):
-        raise ValueError(f"{where}: {x.shape[0]} images but {y.shape[0]} labels")
+        raise ConfigError(f"{where}: {x.shape[0]} images but {y.shape[0]} labels")
     if y.size and (y.min() < 0 or y.max() >= num_classes):
-        raise ValueError(f"{where}: labels span {y.min()}..{y.max()}, expected 0..{num_classes - 1}")
+        raise ConfigError(f"{where}: labels span {y.min()}..{y.max()}, expected 0..{num_classes - 1}")
     return x, y
 
 
@@ -204,7 +205,7 @@ def download_with_torchvision(name: str, split: str, target: Path) -> None:
     elif name == "stl10":
         tvd.STL10(root=str(target), split=split, download=True)
     else:
-        raise ValueError(f"dataset {name!r} cannot be downloaded")
+        raise ConfigError(f"dataset {name!r} cannot be downloaded")
 
 
 def read_digits(split: str) -> tuple[np.ndarray, np.ndarray]:

@@ -16,6 +16,7 @@ import torch
 
 from raysim.data import cache as _cache
 from raysim.data import readers as _readers
+from raysim.config import ConfigError
 
 __all__ = [
     "DatasetNotFoundError",
@@ -32,7 +33,7 @@ __all__ = [
 SPLITS = ("train", "test")
 
 
-class DatasetNotFoundError(ValueError):
+class DatasetNotFoundError(ConfigError):
     """A dataset's files are not where the configuration says; the message says where to put them."""
 
 
@@ -153,9 +154,9 @@ def load_dataset(name: str, split: str, root: str | None, *, download: bool = Fa
     ``ValueError``) naming every path tried when the files are missing and ``download`` is false.
     """
     if name not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(dataset_names())}")
+        raise ConfigError(f"unknown dataset {name!r}; valid names: {', '.join(dataset_names())}")
     if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+        raise ConfigError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
     if name in _LOADERS:
         x, y = _load_registered(name, split, root)
     elif name == "digits":

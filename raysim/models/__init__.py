@@ -9,6 +9,7 @@ from torch import nn
 from raysim.config import MODEL_NAMES, add_choice
 from raysim.models.backbones import resnet18_gn, wrn16_4
 from raysim.models.cnn import CNN, build_model, count_parameters, init_parameters
+from raysim.config import ConfigError
 
 __all__ = ["CNN", "build_model", "build_backbone", "count_parameters", "init_parameters", "model_for",
            "register_model", "model_names"]
@@ -43,7 +44,7 @@ def build_backbone(name: str, in_channels: int, image_size: int, num_classes: in
                            lldm_keep_fraction=lldm_keep_fraction)
     builders = {"resnet18_gn": resnet18_gn, "wrn16_4": wrn16_4}
     if name not in builders:
-        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(model_names())}")
+        raise ConfigError(f"unknown model {name!r}; choose one of {', '.join(model_names())}")
     return builders[name](in_channels, image_size, num_classes, lldm_reduction=lldm_reduction if lldm else None,
                           lldm_keep_fraction=lldm_keep_fraction if lldm else None)
 

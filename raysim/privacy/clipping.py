@@ -135,9 +135,12 @@ def privatize(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, mode: str,
     deviation is σ·C with C = :func:`total_sensitivity`. The model's ``.grad`` fields are not
     touched; the caller steps with ``PrivateGrad.grads``.
 
-    ``canaries`` (the privacy audit only, ``raysim.audit``): k extra examples of this batch given by
-    their sparse unclipped gradients. In ``per_sample`` mode they go through the engine's per-example
-    path with the batch (norms, clip factors, clipped sum), so a clipping bug lets them through; in ``batch`` mode they join the batch mean before it is clipped.
+    ``canaries`` (the privacy audit only, ``raysim.audit``): k extra examples of this batch. In
+    ``per_sample`` mode they go through the engine's per-example path with the batch (norms, clip
+    factors, clipped sum; :class:`~raysim.privacy.grad_sample.LayerCanaries` through the very code of
+    the batch's examples), so a clipping bug lets them through; in ``batch`` mode
+    (:class:`~raysim.privacy.grad_sample.SparseExamples` only) they join the batch mean before it is
+    clipped.
     """
     _check_mode(mode)
     if noise_multiplier < 0 or not math.isfinite(noise_multiplier):

@@ -36,7 +36,7 @@ from torch import nn
 from raysim.privacy.layer_grads import LayerStats, check_supported
 
 __all__ = [
-    "ClippedGrads", "GradSampleEngine", "BookKeepingEngine", "VmapEngine", "ENGINES", "SparseExamples",
+    "ClippedGrads", "GradSampleEngine", "BookKeepingEngine", "VmapEngine", "ENGINES", "SparseExamples", "LayerCanaries",
     "register_engine", "make_engine", "parametrised_layers", "layer_param_indices", "layer_slices", "clip_factors",
     "CLIP_EPS",
 ]
@@ -71,9 +71,12 @@ class GradSampleEngine(Protocol):
         """Per-example norms and ``scale · Σ_i c_i ∇ℓ_i`` of the summed CE loss; with ``out`` (one
         tensor per parameter, in its shape), that sum is added to ``out`` in place and
         ``ClippedGrads.grads`` are those tensors. ``extra`` (the privacy audit's canaries only): k more
-        examples given by their sparse unclipped gradients (:class:`SparseExamples`); their
+        examples, given either by what the ``bk`` engine records of an example (:class:`LayerCanaries`:
+        their rows join the batch's recorded pairs, so their norms and clipped sums are computed by the
+        same per-layer code) or by their sparse unclipped gradients (:class:`SparseExamples`: their
         per-layer norms join the batch's before the clip factors are computed, and their clipped
-        gradients join the sum, exactly as the batch's examples do."""
+        gradients join the sum); either way their clip factors come from the batch's one
+        :func:`clip_factors` call."""
         ...
 
     def example_norms(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -218,6 +221,55 @@ class SparseExamples:
             grads[j].index_put_(where, weighted[hit].to(grads[j]), accumulate=True)
 
 
+@dataclass(frozen=True)
+class LayerCanaries:
+    """k extra examples given by what the book-keeping engine records of an example: at each
+    parametrised layer, the layer's input activation and the gradient of the loss with respect to its
+    output (the privacy audit's canaries, ``raysim.audit``). Extra example c lives in one layer,
+    ``layer[c]``: its pair there is ``inputs[layer][j]``, ``output_grads[layer][j]`` (j: its rank among
+    that layer's extra examples, which come in ascending layer order), and it is zero at every other layer.
+    The engine appends these rows to the batch's recorded pairs, so the extra examples' per-example norms
+    and clipped sums are computed by the same :class:`~raysim.privacy.layer_grads.LayerStats` code as the
+    batch's, and their clip factors by the same :func:`clip_factors` call."""
+
+    layer: torch.Tensor                       # (k,) int64, ascending
+    inputs: tuple[torch.Tensor, ...]          # per parametrised layer: (k_l, *per-example input shape)
+    output_grads: tuple[torch.Tensor, ...]    # per parametrised layer: (k_l, *per-example output shape)
+
+    def __len__(self) -> int:
+        return int(self.layer.shape[0])
+
+    def pair(self, k: int, like_a: torch.Tensor | None = None,
+             like_g: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The k extra rows of layer ``k``'s (input, output grad): the layer's own extra examples at their
+        rows, zeros elsewhere (in the dtype and device of ``like_a``/``like_g`` when given)."""
+        a_k, g_k = self.inputs[k], self.output_grads[k]
+        if like_a is not None:
+            a_k, g_k = a_k.to(like_a), g_k.to(like_g)
+        n = len(self)
+        start = int((self.layer < k).sum())
+        a = a_k.new_zeros((n, *a_k.shape[1:]))
+        g = g_k.new_zeros((n, *g_k.shape[1:]))
+        a[start:start + a_k.shape[0]] = a_k
+        g[start:start + g_k.shape[0]] = g_k
+        return a, g
+
+
+def _with_canaries(pairs: list[tuple[torch.Tensor, torch.Tensor]], extra: LayerCanaries,
+                   k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A layer's recorded (input, output grad) pairs with the extra examples' rows appended: to the
+    layer's first call their pair at this layer, to any later call zeros."""
+    if not pairs:
+        return [extra.pair(k)]
+    a0, g0 = pairs[0]
+    ea, eg = extra.pair(k, a0, g0)
+    out = [(torch.cat([a0, ea]), torch.cat([g0, eg]))]
+    for a, g in pairs[1:]:
+        out.append((torch.cat([a, a.new_zeros((len(extra), *a.shape[1:]))]),
+                    torch.cat([g, g.new_zeros((len(extra), *g.shape[1:]))])))
+    return out
+
+
 def _empty_batch(model: nn.Module, x: torch.Tensor, clip_norm, per_layer: bool, scale: float,
                  out: list[torch.Tensor] | None, extra: SparseExamples | None) -> ClippedGrads:
     """An empty batch: nothing but the extra examples, if any, clipped like any example."""
@@ -280,8 +332,13 @@ class BookKeepingEngine:
         layers = parametrised_layers(model)
         names = {id(m): n for n, m in model.named_modules()}
         check_supported(layers, names)
+        canaries = extra if isinstance(extra, LayerCanaries) and len(extra) else None
+        if isinstance(extra, LayerCanaries):
+            extra = None
         if x.shape[0] == 0:
-            return _empty_batch(model, x, clip_norm, per_layer, scale, out, extra)
+            if canaries is None:
+                return _empty_batch(model, x, clip_norm, per_layer, scale, out, extra)
+            return self._canaries_only(model, layers, clip_norm, per_layer, scale, out, canaries)
         _thresholds(clip_norm, per_layer, len(layers))
 
         records: dict[int, list[tuple[torch.Tensor, torch.Tensor, int]]] = {id(m): [] for m in layers}
@@ -325,14 +382,17 @@ class BookKeepingEngine:
             lap("backward")
 
         batch = x.shape[0]
+        rows = batch + (len(canaries) if canaries is not None else 0)
         params = list(model.parameters())
         dtype, device = params[0].dtype, params[0].device
         stats = []
         with torch.no_grad():
-            for layer in layers:
+            for k, layer in enumerate(layers):
                 pairs = [(a, out_grads[id(output)]) for a, output, _ in records[id(layer)]
                          if out_grads[id(output)] is not None]
-                stats.append(LayerStats(layer, pairs, batch, dtype, device))
+                if canaries is not None:
+                    pairs = _with_canaries(pairs, canaries, k)
+                stats.append(LayerStats(layer, pairs, rows, dtype, device))
                 if lap is not None:
                     lap(f"norms {names.get(id(layer))}")
             per_layer_norms = torch.stack([s.sq_norm for s in stats], dim=1).clamp(min=0).sqrt()
@@ -349,7 +409,7 @@ class BookKeepingEngine:
             for k, s in enumerate(stats):
                 into = None if out is None else {
                     pname: out[index[id(p)]] for pname, p in s.layer.named_parameters(recurse=False)}
-                for pname, value in s.clipped_sums(factors[:batch, k].contiguous(), into).items():
+                for pname, value in s.clipped_sums(factors[:rows, k].contiguous(), into).items():
                     j = index[id(getattr(s.layer, pname))]
                     if grads[j] is None:
                         grads[j] = value
@@ -359,9 +419,30 @@ class BookKeepingEngine:
                      for j, (p, gr) in enumerate(zip(params, grads))]
             if extra is not None:
                 extra.add_to(grads, factors[batch:], groups)
+        per_layer_norms = per_layer_norms[:batch]
         return ClippedGrads(grads=grads, per_example_norms=per_layer_norms.pow(2).sum(1).sqrt(),
                             num_clipped=num_clipped, loss_sum=float(loss_sum.detach()),
                             per_layer_norms=per_layer_norms)
+
+    def _canaries_only(self, model: nn.Module, layers: list[nn.Module], clip_norm, per_layer: bool, scale: float,
+                       out: list[torch.Tensor] | None, canaries: LayerCanaries) -> ClippedGrads:
+        """An empty batch with extra examples: their pairs alone go through the same per-layer code."""
+        _thresholds(clip_norm, per_layer, len(layers))
+        params = list(model.parameters())
+        dtype, device = params[0].dtype, params[0].device
+        index = {id(p): j for j, p in enumerate(params)}
+        with torch.no_grad():
+            stats = [LayerStats(layer, [canaries.pair(k)], len(canaries), dtype, device)
+                     for k, layer in enumerate(layers)]
+            norms = torch.stack([s.sq_norm for s in stats], dim=1).clamp(min=0).sqrt()
+            factors, _ = clip_factors(norms, clip_norm, per_layer)
+            factors = factors * scale if scale != 1.0 else factors
+            grads = out if out is not None else [torch.zeros_like(p) for p in params]
+            for k, s in enumerate(stats):
+                into = {pname: grads[index[id(p)]] for pname, p in s.layer.named_parameters(recurse=False)}
+                s.clipped_sums(factors[:, k].contiguous(), into)
+        return ClippedGrads(grads=grads, per_example_norms=torch.zeros(0, dtype=dtype, device=device), num_clipped=0,
+                            loss_sum=0.0, per_layer_norms=torch.zeros(0, len(layers), dtype=dtype, device=device))
 
 
 @register_engine("vmap")
@@ -386,6 +467,9 @@ class VmapEngine:
              extra: SparseExamples | None = None) -> ClippedGrads:
         from torch.func import functional_call, grad_and_value, vmap
 
+        if isinstance(extra, LayerCanaries):
+            raise ValueError("grad-sample engine 'vmap' takes extra examples as SparseExamples, not LayerCanaries "
+                             "(it records no per-layer pairs)")
         groups = layer_param_indices(model)
         if x.shape[0] == 0:
             return _empty_batch(model, x, clip_norm, per_layer, scale, out, extra)

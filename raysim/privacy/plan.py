@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from raysim.algorithms.base import MethodSpec
-from raysim.algorithms.uploads import gaussian_uploads, not_covered_text
+from raysim.algorithms.uploads import check_uncovered, gaussian_uploads, not_covered_text, uncovered_keys
 from raysim.config import UPDATE_CLIPPING, Config, ConfigError
 from raysim.privacy.accounting import gaussian_equivalent, StepEvent, calibrate_noise_multiplier, compute_epsilon
 from raysim.privacy.clipping import accounting_noise_multiplier
@@ -42,6 +42,7 @@ def resolve_clipping(spec: MethodSpec, cfg: Config) -> str:
         if not dp_requested:
             raise ConfigError("privacy.unit=client needs privacy.epsilon (target ε) or privacy.noise_multiplier (σ)")
         spec.validate(cfg, UPDATE_CLIPPING)
+        check_uncovered(spec.uploads(cfg), UPDATE_CLIPPING, cfg.privacy.allow_uncovered)   # fail closed
         return UPDATE_CLIPPING
     mode = p.clipping
     if mode == "auto":
@@ -57,6 +58,7 @@ def resolve_clipping(spec: MethodSpec, cfg: Config) -> str:
         raise ConfigError(f"method {spec.name!r} with privacy.clipping={mode} needs privacy.epsilon (target ε) "
                           f"or privacy.noise_multiplier (σ)")
     spec.validate(cfg, mode)
+    check_uncovered(spec.uploads(cfg), mode, cfg.privacy.allow_uncovered)   # fail closed (docs/privacy.md)
     return mode
 
 
@@ -84,6 +86,12 @@ def side_channels(spec: MethodSpec, cfg: Config) -> list[SideChannel]:
 def not_covered(spec: MethodSpec, cfg: Config, clipping: str) -> str:
     """Human-readable list of values computed from private data that ε does not cover."""
     return not_covered_text(spec.uploads(cfg), clipping)
+
+
+def epsilon_exceptions(spec: MethodSpec, cfg: Config, clipping: str) -> str:
+    """The runs table's ``epsilon_exceptions``: the opt-in keys of the uploads ε does not cover, comma-separated
+    ("" when ε covers every upload)."""
+    return ", ".join(uncovered_keys(spec.uploads(cfg), clipping))
 
 
 def channels_event(channels: Sequence[SideChannel], rounds: int) -> StepEvent | None:

@@ -16,7 +16,7 @@ import numpy as np
 from raysim.config import Config, config_to_dict, run_id_for
 from raysim.privacy.population import privacy_scope
 
-__all__ = ["run_row", "round_row", "client_rows", "code_version", "now"]
+__all__ = ["run_row", "round_row", "client_rows", "code_version", "now", "epsilon_label", "exceptions_of"]
 
 
 def code_version() -> str:
@@ -77,3 +77,22 @@ def client_rows(server_round: int, results: Sequence[Any], tasks: Sequence[Any],
         row.update(extra)
         rows.append(row)
     return rows
+
+
+def exceptions_of(value: Any) -> list[str]:
+    """The keys of a runs row's ``epsilon_exceptions`` (comma-separated; null or "" when ε covers every upload)."""
+    if isinstance(value, str):
+        return [k.strip() for k in value.split(",") if k.strip()]
+    return [str(k) for k in value] if isinstance(value, (list, tuple)) else []
+
+
+def epsilon_label(epsilon: Any, exceptions: Any, fmt: str = "{:.2f}") -> str:
+    """ε as every report prints it: the number and, when the run opted in to uploads that ε does not cover
+    (``privacy.allow_uncovered``), those uploads beside it: ``8.00 except cra.local_val_f1``."""
+    try:
+        value = float(epsilon)
+    except (TypeError, ValueError):
+        value = math.nan
+    text = "" if math.isnan(value) else "∞" if math.isinf(value) else fmt.format(value)
+    keys = exceptions_of(exceptions)
+    return f"{text} except {', '.join(keys)}" if keys else text

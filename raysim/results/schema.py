@@ -29,6 +29,7 @@ RUNS = pa.schema([
     ("adjacency", STR),        # the neighbouring relation ε is for (client unit: implied by the cohorts)
     ("epsilon_scope", STR),    # whose ε it is: each simulated client's, the population's, or a deployment's
     ("clipping", STR), ("accountant", STR), ("not_covered_by_epsilon", STR), ("num_params", I64),
+    ("epsilon_exceptions", STR),   # the uploads ε does not cover, by their privacy.allow_uncovered keys ("" : none)
     ("wall_seconds", F64), ("code_version", STR), ("hostname", STR),
     ("client_nodes", STR), ("writer_node", STR),   # Ray node ids: client actors (JSON list), row writer
     ("startup_seconds", F64),                      # Simulation construction until every client worker is ready
@@ -66,6 +67,7 @@ TUNING = pa.schema([
     ("objective_name", STR), ("objective", F64),   # the run's validation objective (server hold-out)
     ("candidate_objective", F64),                  # search: the candidate's mean objective over the tuning seeds
     ("test_accuracy", F64), ("test_f1", F64), ("epsilon", F64),
+    ("epsilon_exceptions", STR),                   # the uploads ε does not cover (privacy.allow_uncovered)
     ("released_epsilon", F64),                     # private: ε of the released model, tuning included
     ("reference", STR), ("private", pa.bool_()),   # the tune's reference contestant and mode
     ("chosen", pa.bool_()),                        # search: the chosen candidate; private: the released draw;

@@ -24,6 +24,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from raysim.results.schema import SCHEMAS
+from raysim.config import ConfigError
 
 
 _TMP_COUNTER = itertools.count()
@@ -52,7 +53,7 @@ def _table(name: str, rows: Iterable[Mapping[str, Any]]) -> pa.Table:
 def _check_folder(fs: pafs.FileSystem, path: str, shown: str) -> None:
     """One-line error (ValueError) when ``path`` exists on ``fs`` and is not a folder."""
     if fs.get_file_info(path).type not in (pafs.FileType.Directory, pafs.FileType.NotFound):
-        raise ValueError(f"results folder {shown} is not a folder (a file of that name exists); "
+        raise ConfigError(f"results folder {shown} is not a folder (a file of that name exists); "
                          f"pass another --results-dir")
 
 
@@ -75,7 +76,7 @@ class ResultsSink:
             for name in SCHEMAS:
                 self.fs.create_dir(posixpath.join(self.root, name), recursive=True)
         except OSError as exc:
-            raise ValueError(f"results folder {self.uri}: cannot create its tables ({_first_line(exc)})") from None
+            raise ConfigError(f"results folder {self.uri}: cannot create its tables ({_first_line(exc)})") from None
 
     def _write(self, table_name: str, file_stem: str, rows: Iterable[Mapping[str, Any]]) -> None:
         final = posixpath.join(self.root, table_name, f"{file_stem}.parquet")
@@ -108,7 +109,7 @@ class ResultsSink:
         try:
             return pq.read_table(path, filesystem=self.fs).to_pylist()[0]
         except (pa.ArrowException, OSError, IndexError) as exc:
-            raise ValueError(f"{path}: unreadable runs file ({_first_line(exc)}); delete it to redo the run") from None
+            raise ConfigError(f"{path}: unreadable runs file ({_first_line(exc)}); delete it to redo the run") from None
 
     def clear_rounds_after(self, run_id: str, server_round: int) -> None:
         """Delete a run's round and client files of rounds > ``server_round`` (a half-written round
@@ -183,7 +184,7 @@ def read_table(root: str, name: str) -> pd.DataFrame:
     try:
         return pq.read_table(full, filesystem=fs, schema=SCHEMAS[name]).to_pandas()
     except (pa.ArrowException, OSError) as exc:
-        raise ValueError(f"{_bad_file(fs, full) or full}: unreadable Parquet ({_first_line(exc)}); "
+        raise ConfigError(f"{_bad_file(fs, full) or full}: unreadable Parquet ({_first_line(exc)}); "
                          f"delete that file (its round is redone when the run resumes)") from None
 
 

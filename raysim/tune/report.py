@@ -32,7 +32,7 @@ def tuning_rows(tune: TuneSpec, tune_id: str, runs: Sequence[PlannedRun],
             "objective": _score(row, tune.objective_column),
             "candidate_objective": scores.get((r.contestant, r.candidate), math.nan) if r.stage == "search" else math.nan,
             "test_accuracy": _score(row, "final_test_accuracy"), "test_f1": _score(row, "final_test_f1"),
-            "epsilon": _score(row, "epsilon"),
+            "epsilon": _score(row, "epsilon"), "epsilon_exceptions": row.get("epsilon_exceptions") or "",
             "released_epsilon": (released_epsilons or {}).get((r.contestant, r.seed), math.nan)
             if r.stage == "private" else math.nan,
             "reference": tune.reference, "private": tune.private, "chosen": r.run_id in chosen_ids,

@@ -31,7 +31,7 @@ def test_dp_baseline_server_rules(tmp_path, method):
     if method == "dp-fedavg-adaptive":
         assert rounds["clip_norm"].iloc[0] == 1.0
         assert rounds["clip_norm"].iloc[1] == pytest.approx(rounds["next_clip_norm"].iloc[0])
-        assert "unclipped_fraction" in row["not_covered_by_epsilon"]   # quantile.noise_multiplier = 0
+        assert "unclipped_count" not in row["not_covered_by_epsilon"]   # noised by default (σ_b = 25), accounted
     if method == "awdp-fl":
         for cell in clients["layer_clip_norms"]:
             assert sum(c * c for c in json.loads(cell)) == pytest.approx(1.0, rel=1e-6)   # Σ C_k² = C² = 1

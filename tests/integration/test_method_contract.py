@@ -15,6 +15,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from raysim.algorithms.uploads import uncovered_keys
+from raysim.privacy.plan import not_covered, resolve_clipping
+
 import raysim.training as training
 from raysim.algorithms.registry import all_methods, get_method, resolve_preset
 from raysim.config import config_from_dict
@@ -120,3 +123,18 @@ def test_calibrated_run_completes_within_the_target(runs, method):
         assert row["epsilon"].item() <= 8.0 + 1e-9 and (clients["epsilon"] <= 8.0 + 1e-9).all()
     else:
         assert get_method(method).private is False
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_no_default_config_uploads_private_data_outside_epsilon(method):
+    # Private by default: with every method section at its defaults, each upload computed from private data
+    # is noised and accounted (gaussian) or computed from DP outputs and public values (post-processing);
+    # what ε leaves out is only what the simulation logs and never uploads. Such a run is not refused.
+    spec = get_method(method)
+    cfg = resolve_preset(calibrated(method))
+    clipping = resolve_clipping(spec, cfg)
+    uncovered = [u.name for u in spec.uploads(cfg) if u.release.kind == "not_covered"]
+    assert uncovered == [] and uncovered_keys(spec.uploads(cfg), clipping) == ()
+    text = not_covered(spec, cfg, clipping)
+    if clipping != "none":
+        assert "uploaded without noise" not in text and text.startswith("logged by the simulation only, never uploaded")

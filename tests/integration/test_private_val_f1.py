@@ -16,13 +16,16 @@ def test_private_val_f1_is_accounted(tmp_path):
     cfg = tiny_config(method="feddimdp", rounds=1, privacy__noise_multiplier=1.0, feddimdp__adpc=False,
                       cra__private_val_f1=True, cra__val_f1_noise_multiplier=sigma_f1)
     execute(cfg, str(tmp_path / "private"))
-    execute(tiny_config(method="feddimdp", rounds=1, privacy__noise_multiplier=1.0, feddimdp__adpc=False),
-                   str(tmp_path / "plain"))
+    execute(tiny_config(method="feddimdp", rounds=1, privacy__noise_multiplier=1.0, feddimdp__adpc=False,
+                        cra__private_val_f1=False, privacy__allow_uncovered=["cra.local_val_f1"]),
+            str(tmp_path / "plain"))
     private = read_table(str(tmp_path / "private"), "clients").sort_values("client_id")
     plain = read_table(str(tmp_path / "plain"), "clients").sort_values("client_id")
     runs = read_table(str(tmp_path / "private"), "runs")
     assert "val_f1" not in runs["not_covered_by_epsilon"].item()
-    assert "val_f1" in read_table(str(tmp_path / "plain"), "runs")["not_covered_by_epsilon"].item()
+    plain_run = read_table(str(tmp_path / "plain"), "runs")
+    assert "val_f1" in plain_run["not_covered_by_epsilon"].item()
+    assert plain_run["epsilon_exceptions"].item() == "cra.local_val_f1" and runs["epsilon_exceptions"].item() == ""
     for (_, row), (_, ref) in zip(private.iterrows(), plain.iterrows()):
         q = min(1.0, cfg.batch_size / row["num_samples"])
         expected = compute_epsilon([StepEvent(q, 1.0, int(row["num_steps"])), StepEvent(1.0, sigma_f1, 1)],

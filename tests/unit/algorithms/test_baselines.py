@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import json
+import dataclasses
 import math
 
 import numpy as np
@@ -136,34 +137,37 @@ def test_quantile_clip_update_through_the_server():
     cfg = _cfg(num_clients=4, seed=3, privacy={"clip_norm": 2.0}, quantile={"eta_c": 0.2, "target_quantile": 0.5})
     server = QuantileClipServer(_ctx(cfg, num_clients=4))
     assert server.clip_norm(1) == 2.0 and server.tasks(1, {}, range(4))[0].clip_norm == 2.0
-    fracs = [0.0, 0.5, 1.0, 0.9]    # fractions of clipped examples -> b_i = [1, 0.5, 0, 0.1], b̄ = 0.4
-    results = [_result(i, [0.0, 0.0], frac_clipped=f, uploads={"unclipped_fraction": 1.0 - f})
+    fracs = [0.0, 0.5, 1.0, 0.9]    # fractions of clipped examples of 10 each -> counts [10, 5, 0, 1], b̄ = 16/40
+    results = [_result(i, [0.0, 0.0], frac_clipped=f, uploads={"unclipped_count": 10 * (1.0 - f)})
                for i, f in enumerate(fracs)]
+    results = [dataclasses.replace(r, num_samples=10) for r in results]
     agg = server.aggregate(1, _vec(0.0, 0.0), results)
     expected = 2.0 * math.exp(-0.2 * (0.4 - 0.5))
     assert agg.round_logs["clipped_fraction_noisy"] == pytest.approx(0.4)
     assert agg.round_logs["next_clip_norm"] == pytest.approx(expected)
     assert server.clip_norm(2) == pytest.approx(expected)
 
-    # The client's b_i is the fraction of its pre-round norms (one per example, at the round's starting
-    # model) that are <= C^(t), whatever its DP-SGD steps clipped (frac_clipped is not read). With noise,
-    # each *client* adds σ_b z_i to its own b_i, z_i from its (seed, "quantile-noise", round, client)
-    # stream, before upload; the server only averages.
+    # The client's c_i counts its pre-round norms (one per example, at the round's starting model) that are
+    # <= C^(t), whatever its DP-SGD steps clipped (frac_clipped is not read). Each *client* adds σ_b z_i to
+    # its own count, z_i from its (seed, "quantile-noise", round, client) stream, before upload; the server
+    # divides the sum by the public Σ n_i.
     (upload,) = quantile_uploads(_cfg(num_clients=4, seed=3, quantile={"noise_multiplier": 2.0}))
-    assert upload.needs_example_norms
-    noisy_b = []
+    assert upload.needs_example_norms and upload.release.kind == "gaussian" and upload.release.noise_multiplier == 2.0
+    noisy_c = []
     for i, f in enumerate(fracs):
         norms = np.where(np.arange(10) < round(10 * f), 2.5, 1.5)     # C = 2: a fraction f above it
         ctx = SimpleNamespace(cfg=_cfg(seed=3, quantile={"noise_multiplier": 2.0}), frac_clipped=0.123,
                               example_norms=norms, task=SimpleNamespace(clip_norm=2.0),
                               rng=lambda purpose, i=i: np_generator(3, purpose, 1, i))
-        noisy_b.append(upload.compute(ctx))
+        noisy_c.append(upload.compute(ctx))
     z = [np_generator(3, "quantile-noise", 1, i).standard_normal() for i in range(4)]
-    assert noisy_b == pytest.approx([1.0 - f + 2.0 * zi for f, zi in zip(fracs, z)])
+    assert noisy_c == pytest.approx([10 * (1.0 - f) + 2.0 * zi for f, zi in zip(fracs, z)])
     noisy = QuantileClipServer(_ctx(_cfg(num_clients=4, seed=3, quantile={"noise_multiplier": 2.0}), num_clients=4))
-    agg = noisy.aggregate(1, _vec(0.0, 0.0), [_result(i, [0.0, 0.0], uploads={"unclipped_fraction": b})
-                                              for i, b in enumerate(noisy_b)])
-    assert agg.round_logs["clipped_fraction_noisy"] == pytest.approx(np.mean(noisy_b))
+    agg = noisy.aggregate(1, _vec(0.0, 0.0), [dataclasses.replace(_result(i, [0.0, 0.0], uploads={"unclipped_count": c}),
+                                                                  num_samples=10) for i, c in enumerate(noisy_c)])
+    assert agg.round_logs["clipped_fraction_noisy"] == pytest.approx(sum(noisy_c) / 40)
+    # The default is private: σ_b = 25 (docs/methods.md).
+    assert quantile_uploads(_cfg())[0].release.noise_multiplier == 25.0
 
     # norm_source = update: b_i = 1[‖Δ_i‖/(lr τ) ≤ C]; lr 0.5, τ 4 -> s = [0.5, 1.5, 2.5] vs C = 1: b̄ = 2/3.
     upd = QuantileClipServer(_ctx(_cfg(num_clients=3, lr=0.5, quantile={"norm_source": "update"}), num_clients=3))
@@ -176,11 +180,13 @@ def test_quantile_clip_update_through_the_server():
 def test_quantile_bits_are_a_side_channel_only_when_read_from_private_data():
     spec = get_method("dp-fedavg-adaptive")
     noisy = _cfg(quantile={"noise_multiplier": 3.0})
-    assert [(c.name, c.noise_multiplier, c.per_round) for c in side_channels(spec, noisy)] == [("unclipped_fraction", 3.0, 1)]
-    assert "unclipped_fraction" not in not_covered(spec, noisy, "per_sample")
-    assert "unclipped_fraction" in not_covered(spec, _cfg(), "per_sample")
+    assert [(c.name, c.noise_multiplier, c.per_round) for c in side_channels(spec, noisy)] == [("unclipped_count", 3.0, 1)]
+    assert "unclipped_count" not in not_covered(spec, noisy, "per_sample")
+    assert "unclipped_count" not in not_covered(spec, _cfg(), "per_sample")     # private by default
+    plain = _cfg(quantile={"noise_multiplier": 0.0})
+    assert "unclipped_count" in not_covered(spec, plain, "per_sample") and side_channels(spec, plain) == []
     update = _cfg(quantile={"noise_multiplier": 3.0, "norm_source": "update"})   # post-processing of Δw_i
-    assert side_channels(spec, update) == [] and "unclipped_fraction" not in not_covered(spec, update, "per_sample")
+    assert side_channels(spec, update) == [] and "unclipped_count" not in not_covered(spec, update, "per_sample")
     assert side_channels(get_method("fedsa"), noisy) == []
 
 

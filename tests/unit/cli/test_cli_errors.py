@@ -72,3 +72,33 @@ def test_tune_user_errors(text, fragment, capsys, tmp_path):
     err = capsys.readouterr().err
     assert code == 2 and fragment in err
     assert len(err.strip().splitlines()) == 1 and err.startswith("raysim: error:")
+
+
+def test_a_bug_keeps_its_traceback_and_says_it_is_a_bug(monkeypatch, capsys):
+    # Only the project's input errors (ConfigError and its subclasses, missing files) are one line, exit 2;
+    # any other exception, a ValueError included, is a bug: its traceback and a line saying so, exit 1.
+    import raysim.cli.methods as methods
+
+    def broken(args):
+        raise ValueError("an internal invariant failed")
+    monkeypatch.setattr(methods, "cmd_methods", broken)
+    assert main(["methods"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "ValueError: an internal invariant failed" in err
+    assert "this is a bug in raysim" in err
+
+
+def test_a_config_error_raised_inside_a_ray_task_is_still_one_line(monkeypatch, capsys):
+    import raysim.cli.methods as methods
+    from raysim.config import ConfigError
+
+    class RemoteError(Exception):
+        def __init__(self, cause):
+            super().__init__("remote")
+            self.cause = cause
+
+    def remote(args):
+        raise RemoteError(ConfigError("config key 'lr': must be > 0"))
+    monkeypatch.setattr(methods, "cmd_methods", remote)
+    assert main(["methods"]) == 2
+    assert capsys.readouterr().err.strip() == "raysim: error: config key 'lr': must be > 0"
