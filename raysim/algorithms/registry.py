@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import sys
 from typing import TYPE_CHECKING
 
 from raysim.config import (Config, ConfigError, add_section_loader, config_from_dict, config_to_dict, dotted_get,
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from raysim.algorithms.base import MethodSpec
 
 _METHODS: dict[str, "MethodSpec"] = {}
+_REGISTERED_BY: dict[str, str] = {}   # method name -> the module whose import registered it
 _LOADED = False
 
 
@@ -34,6 +36,7 @@ def register(spec: "MethodSpec") -> "MethodSpec":
     for name, cls in spec.params.items():
         register_section(name, cls)
     _METHODS[spec.name] = spec
+    _REGISTERED_BY[spec.name] = sys._getframe(1).f_globals.get("__name__", "")
     return spec
 
 
@@ -41,7 +44,7 @@ def origin(spec: "MethodSpec") -> str:
     """Where a registered method comes from: built in, a plugin (entry point or the config's ``plugins``),
     or another module that registered it when it was imported."""
     from raysim import plugins
-    module = getattr(spec.server, "__module__", "") or ""
+    module = _REGISTERED_BY.get(spec.name) or getattr(spec.server, "__module__", "") or ""
     if module.startswith("raysim."):
         return f"built in ({module})"
     parts = module.split(".")
@@ -55,6 +58,7 @@ def origin(spec: "MethodSpec") -> str:
 def unregister(name: str) -> None:
     """Remove a method, and its sections when no other registered method declares them (tests)."""
     spec = _METHODS.pop(name, None)
+    _REGISTERED_BY.pop(name, None)
     if spec is None:
         return
     still = {s for other in _METHODS.values() for s in other.params}

@@ -15,6 +15,7 @@ from typing import Sequence
 
 from raysim.cli import audit, methods, privacy, report, run, sweep, tune
 from raysim.config import ConfigError
+from raysim.plugins import PluginError
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -42,9 +43,10 @@ def _diverged(exc: BaseException) -> str | None:
 
 
 #: The project's input errors: a bad config, option or file (``ConfigError`` and its subclasses: the audit's,
-#: the data registry's, the checkpoint's) and paths that do not exist. Only these get one line and exit
+#: the data registry's, the checkpoint's), a plugin that cannot be imported, and paths that do not exist. Only these get one line and exit
 #: code 2; any other exception is a bug and keeps its traceback.
-USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, FileNotFoundError, NotADirectoryError, IsADirectoryError)
+USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, PluginError, FileNotFoundError, NotADirectoryError,
+                                               IsADirectoryError)
 
 
 def _user_message(exc: BaseException) -> str | None:

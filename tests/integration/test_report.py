@@ -181,7 +181,7 @@ def test_report_cli(sweep, tmp_path, capsys):
     line = next(ln for ln in md.splitlines() if ln.startswith(f"| {failed} | fedavg | failed"))
     assert "| 1/3 |" in line and "KeyboardInterrupt" in line
     # ε/δ of each run and what the accountant does not cover
-    assert "val_f1 (q_i, CRA's macro-F1 on the local validation split" in md and "everything (no DP)" in md
+    assert "logged by the simulation only, never uploaded" in md and "everything (no DP)" in md
     dim_line = next(ln for ln in md.splitlines() if ln.startswith(f"| {sweep.feddimdp} | feddimdp | completed"))
     assert "| 8 | 1e-05 |" in dim_line
     assert "paper (claimed)" in md and "Table II" in md

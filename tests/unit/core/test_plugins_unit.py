@@ -17,8 +17,8 @@ def test_an_unimportable_plugin_is_a_one_line_error_naming_the_key():
     with pytest.raises(plugins.PluginError, match="config key 'plugins': cannot import 'no_such_plugin_mod'") as info:
         config_from_dict({"plugins": ["no_such_plugin_mod"]})
     assert "\n" not in str(info.value)
-    with pytest.raises(ConfigError, match="'plugins': expected a list"):
-        config_from_dict({"plugins": "json"})
+    with pytest.raises(plugins.PluginError, match="'plugins': expected module names"):
+        config_from_dict({"plugins": [1]})
 
 
 def test_config_plugins_are_imported_and_travel_to_the_workers(monkeypatch):
