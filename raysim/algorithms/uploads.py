@@ -79,9 +79,9 @@ class UploadContext:
     num_classes: int
     layer_slices: tuple[tuple[int, int], ...]
     example_norms: np.ndarray | None
-    #: ``privacy.unit=client``: the l2 norm of the client's update before it was clipped (private); else None
-    update_norm: float | None
     rng: Callable[[str], np.random.Generator]   # the client's keyed stream for a purpose, this round
+    #: ``privacy.unit=client``: the l2 norm of the client's update before it was clipped (private); else None
+    update_norm: float | None = None
 
 
 @dataclass(frozen=True)
