@@ -418,6 +418,11 @@ def _check_unit(cfg: Config) -> None:
     if p.clipping not in ("auto",):
         _fail("privacy.clipping", f"privacy.unit=client clips each client's whole update to privacy.clip_norm; "
                                   f"leave privacy.clipping at auto, got {p.clipping}")
+    fixed_size = cfg.participation == "uniform" and (cfg.clients_per_round is not None or p.noise_cohort_size is not None)
+    if (p.mechanism == "tree" or fixed_size) and p.accountant != "rdp":
+        what = "tree aggregation" if p.mechanism == "tree" else "fixed-size cohorts (sampling without replacement)"
+        _fail("privacy.accountant", f"privacy.unit=client with {what} is accounted by dp-accounting's RDP accountant "
+                                    f"only: set privacy.accountant=rdp (or participation=poisson)")
 
 
 def config_from_dict(values: Mapping[str, Any]) -> Config:
