@@ -121,7 +121,8 @@ def test_restart_ignores_the_checkpoint(tmp_path):
 @pytest.mark.cluster
 @pytest.mark.parametrize("sets", [["method=feddimdp"],
                                   ["method=dp-fedavg-adaptive", "privacy.unit=client", "num_clients=30",
-                                   "clients_per_round=10", "participation=poisson", "data.min_samples_per_client=10"]],
+                                   "clients_per_round=10", "participation=poisson", "data.min_samples_per_client=10",
+                                   "privacy.clip_norm=0.01", "privacy.noise_multiplier=0.3"]],
                          ids=["example", "client"])
 def test_sigkilled_raysim_run_on_ray_resumes_bit_for_bit(tmp_path, sets):
     """SIGKILL the `raysim run` process (Ray, 10 actors) after round 2, rerun it, compare."""
