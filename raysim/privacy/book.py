@@ -140,7 +140,7 @@ class PopulationBook:
         self.rounds += 1
         plan = self.client_level
         if self.ledger_of_population is not None:
-            self.ledger_of_population.record(plan.step_events(self.rounds)[-1])
+            self.ledger_of_population.record(plan.round_event(self.rounds))
             epsilon = self.ledger_of_population.epsilon()
         else:
             epsilon = plan.epsilon(self.rounds)

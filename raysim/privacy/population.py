@@ -98,6 +98,10 @@ class ClientLevelPlan:
         return epsilon_of(self.mechanism, self.sampling, self.population, self.cohort, self.per_pass,
                           [self.sigma * m for m in self.schedule[:rounds]], self.delta, self.accountant)
 
+    def round_event(self, server_round: int) -> StepEvent:
+        """Round ``server_round``'s release as a :class:`StepEvent` (Poisson or full cohorts)."""
+        return StepEvent(self.sample_rate, self.sigma * self.schedule[server_round - 1], 1)
+
     def step_events(self, rounds: int) -> list[StepEvent]:
         """The Poisson (or full) rounds as :class:`StepEvent` (add/remove): the private tuning's RDP input."""
         if not (self.mechanism == "gaussian" and self.sampling in ("poisson", "full")):
@@ -172,10 +176,11 @@ def epsilon_of(mechanism: str, sampling: str, population: int, cohort: int, per_
 
 
 def _sampling(cfg: Config) -> str:
+    """How the accounted cohorts are drawn (a deployment samples k' of N' every round: never full)."""
     if cfg.privacy.mechanism == "tree":
         return "shuffle"
     if cfg.clients_per_round is None:
-        return "full"
+        return "poisson" if cfg.privacy.noise_cohort_size is not None else "full"
     return cfg.participation
 
 
@@ -195,8 +200,6 @@ def privacy_scope(cfg: Config) -> dict[str, str]:
                 "epsilon_scope": "each client's own ε (the run's is the largest)"}
     sampling = _sampling(cfg)
     if p.noise_cohort_size is not None:
-        if sampling == "full":
-            sampling = "poisson"
         scope = (f"a deployment of {p.noise_cohort_size} clients a round out of {p.population_size} (noise sized "
                  f"for it), not the simulated federation of {cfg.num_clients}")
     else:
@@ -214,12 +217,6 @@ def client_level_plan(cfg: Config, schedule: Sequence[float], adaptive_count: bo
     population = int(p.population_size) if deployment else cfg.num_clients
     simulated_k = cfg.clients_per_round if cfg.clients_per_round is not None else cfg.num_clients
     cohort = int(p.noise_cohort_size) if deployment else int(simulated_k)
-    if sampling == "full" and deployment:
-        sampling = "poisson"     # the deployment samples k' of N' each round
-    if (p.mechanism == "tree" or sampling == "uniform") and p.accountant != "rdp":
-        what = "tree aggregation" if p.mechanism == "tree" else "fixed-size cohorts (sampling without replacement)"
-        raise ConfigError(f"privacy.unit=client with {what} is accounted by dp-accounting's RDP accountant only: "
-                          f"set privacy.accountant=rdp (or participation=poisson)")
     if p.mechanism == "tree" and len(set(float(m) for m in schedule)) > 1:
         raise ConfigError("privacy.mechanism=tree takes one noise multiplier for every round; this method's "
                           "noise schedule changes it")
