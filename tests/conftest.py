@@ -16,9 +16,9 @@ INTEGRATION = REPO / "tests" / "integration"
 
 def pytest_collection_modifyitems(config, items):
     """``integration`` means one thing: a test under tests/integration/ (end to end through the simulator or
-    the CLI); ``-m integration`` selects them, ``-m "not integration"`` the unit tests. A test that starts
-    Ray (the ``ray_session`` fixture) runs processes besides pytest's: it is a ``cluster`` test
-    (``make test-cluster``)."""
+    the CLI); ``-m integration`` selects them, ``-m "not integration"`` the unit tests. A test that runs
+    processes besides pytest's is a ``cluster`` test (``make test-cluster``): one that starts Ray (the
+    ``ray_session`` fixture) is marked here, one that starts Python subprocesses is marked in its file."""
     for item in items:
         if INTEGRATION in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.integration)

@@ -8,6 +8,9 @@ import pytest
 from raysim.config import config_from_dict
 from raysim.data import load_dataset
 
+#: Runs Python subprocesses: a ``make test-cluster`` test.
+pytestmark = pytest.mark.cluster
+
 
 #: Server-side or user-facing packages that must never load in a client actor.
 FORBIDDEN = ("pandas", "pyarrow", "matplotlib", "sklearn", "raysim.cli", "raysim.experiment", "raysim.results",

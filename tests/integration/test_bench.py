@@ -12,6 +12,9 @@ import pytest
 
 from tests.conftest import REPO
 
+#: Runs Python subprocesses: a ``make test-cluster`` test.
+pytestmark = pytest.mark.cluster
+
 BENCH = REPO / "experiments" / "bench"
 
 

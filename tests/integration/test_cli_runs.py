@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import subprocess
+
+import pytest
 import sys
 
 from raysim.cli import main
@@ -11,6 +13,7 @@ from tests.conftest import REPO
 QUICKSTART = str(REPO / "experiments" / "quickstart.yaml")
 
 
+@pytest.mark.cluster   # a Python subprocess
 def test_console_script_exit_code_no_traceback(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "raysim.cli", "run", QUICKSTART, "--set", "data.alpha=-1"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=120)

@@ -28,47 +28,61 @@ from raysim.runtime import execute
 METHODS = [spec.name for spec in all_methods()]
 
 
-def tiny(method: str, seed: int, rounds: int = 1, privacy: dict | None = None):
+def tiny(method: str, seed: int, rounds: int = 1, privacy: dict | None = None, partition: str = "dirichlet"):
     """3 clients, 1 round, σ given (no calibration): for the determinism and release checks."""
     return config_from_dict({"method": method, "rounds": rounds, "seed": seed, "num_clients": 3, "batch_size": 32,
                              "lr": 0.05, "privacy": privacy or {"noise_multiplier": 1.0},
-                             "data": {"name": "digits", "partition": "dirichlet", "alpha": 0.5,
+                             "data": {"name": "digits", "partition": partition, "alpha": 0.5,
                                       "min_samples_per_client": 20, "test_subsample": 100},
                              "runtime": {"executor": "serial"}})
 
 
 def calibrated(method: str):
-    """The tiny run for 2 rounds with σ calibrated to ε = 8 (non-private methods too, made DP)."""
-    return tiny(method, 0, rounds=2, privacy={"epsilon": 8.0})
+    """The tiny run for 2 rounds with σ calibrated to ε = 8 (non-private methods too, made DP), on an IID
+    partition: clients of equal size share one calibration (each calibration costs seconds)."""
+    return tiny(method, 0, rounds=2, privacy={"epsilon": 8.0}, partition="iid")
+
+
+def _method_runs(method: str, folder) -> dict:
+    """A 2-round run of ``method`` (σ calibrated to ε = 8), and tiny runs with seeds 0, 0, 1 during which
+    every call of the privatisation step (one DP release) is counted."""
+    execute(calibrated(method), str(folder / "calibrated"))
+    counts = []
+    real = training.privatize
+
+    def counting(*args, **kwargs):
+        counts.append(1)
+        return real(*args, **kwargs)
+
+    training.privatize = counting
+    try:
+        ids = [execute(tiny(method, seed), str(folder / f"r{i}")).run_id for i, seed in enumerate((0, 0, 1))]
+    finally:
+        training.privatize = real
+
+    def tables(name: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+        return tuple(read_table(str(folder / name), t) for t in ("rounds", "clients", "runs"))
+
+    return {"ids": ids, "calibrated": tables("calibrated"), "tiny": [tables(f"r{i}") for i in range(3)],
+            "releases": len(counts)}
+
+
+class _Runs(dict):
+    """Each method's runs, made when a test first asks for them (``-k`` on one method makes only its runs).
+    Methods that share a privacy plan share its calibration (remembered in the process)."""
+
+    def __init__(self, tmp_path_factory):
+        super().__init__()
+        self.tmp = tmp_path_factory
+
+    def __missing__(self, method: str) -> dict:
+        self[method] = _method_runs(method, self.tmp.mktemp(method))
+        return self[method]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Per method: a 2-round run (σ calibrated to ε = 8), and tiny runs with seeds 0, 0, 1
-    during which every call of the privatisation step (one DP release) is counted."""
-    out = {}
-    for method in METHODS:
-        folder = tmp_path_factory.mktemp(method)
-        execute(calibrated(method), str(folder / "calibrated"))
-        counts = []
-        real = training.privatize
-
-        def counting(*args, **kwargs):
-            counts.append(1)
-            return real(*args, **kwargs)
-
-        training.privatize = counting
-        try:
-            ids = [execute(tiny(method, seed), str(folder / f"r{i}")).run_id for i, seed in enumerate((0, 0, 1))]
-        finally:
-            training.privatize = real
-
-        def tables(name: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-            return tuple(read_table(str(folder / name), t) for t in ("rounds", "clients", "runs"))
-
-        out[method] = {"ids": ids, "calibrated": tables("calibrated"),
-                       "tiny": [tables(f"r{i}") for i in range(3)], "releases": len(counts)}
-    return out
+    return _Runs(tmp_path_factory)
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -1,7 +1,7 @@
 """Partial participation (``clients_per_round``) for every registered method.
 
-Parametrised over the registry: each method runs 2 rounds of the digits quickstart with 2 of 6 clients
-per round (serial), and a second simulation restored from the checkpoint after round 1 must repeat
+Parametrised over the registry: each method runs 2 rounds of the digits quickstart (IID) with 2 of 6
+clients per round (serial), and a second simulation restored from the checkpoint after round 1 must repeat
 round 2 bit for bit. Also: a Poisson round without participants and the tables, and full participation
 through the cohort code path. The server maths of the methods whose state is per client are in
 tests/unit/algorithms/test_partial_participation.py.
@@ -34,6 +34,7 @@ def _quickstart(method: str, **changes):
     values = apply_overrides(read_yaml(REPO / "experiments" / "quickstart.yaml"), [
         ("method", method), ("rounds", 2), ("num_clients", 6), ("clients_per_round", 2), ("seed", 0),
         ("runtime.executor", "serial"), ("data.test_subsample", 100), ("data.min_samples_per_client", 20),
+        ("data.partition", "iid"),    # clients of equal size and rounds share one calibration
         *changes.items()])
     return config_from_dict(values)
 

@@ -16,6 +16,9 @@ from raysim.config import config_from_dict
 from raysim.participation import participation_schedule
 from tests.conftest import REPO
 
+#: Runs Python subprocesses: a ``make test-cluster`` test.
+pytestmark = pytest.mark.cluster
+
 
 def _cfg(**values):
     base = {"num_clients": 50, "clients_per_round": 5, "rounds": 40, "seed": 0}

@@ -223,6 +223,7 @@ def test_report_without_runs_is_one_line_error(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+@pytest.mark.cluster   # a Python subprocess
 def test_analysis_never_imports_ray():
     code = ("import sys, analysis, analysis.plots, analysis.report, raysim.cli.report; "
             "sys.exit(1 if 'ray' in sys.modules else 0)")

@@ -18,6 +18,9 @@ import pytest
 
 from tests.conftest import REPO
 
+#: Runs Python subprocesses: a ``make test-cluster`` test.
+pytestmark = pytest.mark.cluster
+
 HEAVY = {"torch", "ray", "pandas", "pyarrow", "matplotlib"}
 ACCOUNTANT = {"dp_accounting", "scipy"}   # a second to import: `raysim --help` does without them
 
