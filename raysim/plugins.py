@@ -97,9 +97,15 @@ def imported() -> tuple[str, ...]:
 
 
 def runtime_env() -> dict[str, Any]:
-    """The runtime environment for ``ray.init``: every worker runs :func:`setup_worker` when it starts."""
-    env: dict[str, Any] = {"worker_process_setup_hook": "raysim.plugins.setup_worker"}
+    """The runtime environment for ``ray.init``: where this process has plugins (an entry point installed,
+    or modules from the config or :data:`ENV_VAR`), every worker runs :func:`setup_worker` when it starts.
+    Without plugins it is empty: Ray cannot hand a worker with a setup hook one of the idle worker
+    processes it starts ahead, so the hook costs each actor about 2 s of start-up for nothing."""
+    load_entry_points()
     modules = list(imported()) + [m for m in os.environ.get(ENV_VAR, "").split(",") if m and m not in imported()]
+    if not modules and not _ORIGINS:
+        return {}
+    env: dict[str, Any] = {"worker_process_setup_hook": "raysim.plugins.setup_worker"}
     if modules:
         env["env_vars"] = {ENV_VAR: ",".join(modules)}
     return env

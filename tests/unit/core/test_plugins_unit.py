@@ -34,6 +34,16 @@ def test_config_plugins_are_imported_and_travel_to_the_workers(monkeypatch):
     assert result_hash(cfg) == result_hash(config_from_dict({}))
 
 
+def test_without_plugins_the_runtime_env_is_empty(monkeypatch):
+    monkeypatch.setattr(plugins, "_CONFIG_MODULES", [])
+    monkeypatch.setattr(plugins, "_ORIGINS", {})
+    monkeypatch.setattr(plugins, "_entry_points_loaded", True)
+    monkeypatch.delenv(plugins.ENV_VAR, raising=False)
+    assert plugins.runtime_env() == {}
+    monkeypatch.setattr(plugins, "_ORIGINS", {"my_pkg.methods": "entry point raysim.methods: mine (my-pkg 1.0)"})
+    assert plugins.runtime_env() == {"worker_process_setup_hook": "raysim.plugins.setup_worker"}
+
+
 def test_a_worker_imports_what_its_runtime_env_names(monkeypatch):
     monkeypatch.setattr(plugins, "_CONFIG_MODULES", [])
     monkeypatch.setattr(plugins, "_ORIGINS", {})
