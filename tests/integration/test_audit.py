@@ -134,11 +134,12 @@ def _known_gap(method: str, why: str):
     return pytest.param(method, {}, marks=pytest.mark.xfail(strict=True, reason=why), id=f"{method}-default")
 
 
-FAMILIES = [_known_gap("awdp-fl", "with the noise off the audit does not refute the claim (ε_lb 0.37 < 2); "
-                                  "cause not yet found"),
+FAMILIES = [_known_gap("awdp-fl", "with the noise off the audit does not refute the claim (ε_lb 0.37 < 2, conv1's "
+                                  "canaries at chance); cause not established (docs/privacy.md)"),
             ("dp-fedsam", {"sam.mode": "both"}), ("fedprox", {}),
-            _known_gap("scaffold", "with the noise off the audit's bound (1.67) stays below the claim; "
-                                   "cause not yet found"),
+            _known_gap("scaffold", "with the noise off the audit's bound (1.67) stays below the claim: c_i, the "
+                                   "client's previous mean gradient, cancels earlier rounds' canaries in the "
+                                   "summed update the audit scores (docs/privacy.md)"),
             ("fedacg", {}),
             ("feddimdp", {}),
             ("dp-fedavg-adaptive", {}), ("dp-acdn", {}), ("fedsa", {"privacy.clipping": "batch"}),
