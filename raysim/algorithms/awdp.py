@@ -80,4 +80,7 @@ AWDP_FL = register(MethodSpec(
     server=AWDPServer, private=True, per_layer_clipping=True, uploads=awdp_uploads, params={"awdp": AWDPParams},
     client_level=lambda cfg: "its per-layer thresholds clip per-example gradients in DP-SGD; under privacy.unit=client "
                              "the whole update is clipped to one C",
-    client_columns=(("layer_clip_norms", "string"),)))
+    client_columns=(("layer_clip_norms", "string"),),
+    audit_caveat=("even with the noise switched off this audit does not find this method's canaries (ε_lb 0.37 "
+                  "against ε = 2 on the quickstart; the first layer's at chance); the cause is not established "
+                  "(docs/privacy.md)")))

@@ -305,6 +305,8 @@ class MethodSpec:
     #: fills in the method's keys left unset for the unit to decide (DP-FedSAM's ``sam.mode``); applied
     #: with the presets (``raysim.algorithms.registry.resolve_preset``), so the run id sees the values used
     resolve: Callable[[Config], Config] = _as_given
+    #: what ``raysim audit``'s canaries cannot show for this method (one line, printed with its result)
+    audit_caveat: str = ""
 
     def units(self) -> tuple[str, ...]:
         """The privacy units the method supports (``raysim methods``); a method that supports the client unit

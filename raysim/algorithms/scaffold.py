@@ -93,4 +93,7 @@ class ScaffoldServer(Server):
 SCAFFOLD = register(MethodSpec(
     name="scaffold", summary="SCAFFOLD (option II control variates), non-private unless privacy.epsilon is set",
     source="Karimireddy et al., SCAFFOLD: Stochastic Controlled Averaging for Federated Learning, ICML 2020",
-    server=ScaffoldServer, client=ScaffoldHooks, private=False, client_level=lambda cfg: _CLIENT_LEVEL_REFUSAL))
+    server=ScaffoldServer, client=ScaffoldHooks, private=False, client_level=lambda cfg: _CLIENT_LEVEL_REFUSAL,
+    audit_caveat=("from round 2 on, each local step subtracts c_i, the client's previous mean gradient, canaries "
+                  "included, so the summed update the audit scores keeps about one round of a canary's signal: "
+                  "even without noise this audit stays near its one-round bound (docs/privacy.md)")))

@@ -48,11 +48,13 @@ def cmd_audit(args: argparse.Namespace) -> int:
         raise ConfigError("the audit needs privacy.epsilon or privacy.noise_multiplier")
     if cfg.privacy.unit == "client":
         return _client_audit(cfg, args)
+    from raysim.algorithms.registry import get_method
     from raysim.audit import record_level_audit
     report = record_level_audit(cfg, canaries=args.canaries if args.canaries is not None else 10000,
                                 guess_fraction=args.guess_fraction)
+    caveat = get_method(cfg.method).audit_caveat
     if args.json:
-        print(json.dumps(report.as_dict()))
+        print(json.dumps({**report.as_dict(), "caveat": caveat}))
         return 0
     r = report.dp_sgd
     print(f"{cfg.method} DP-SGD ({r.clipping} clipping, canaries via {r.path}, σ = {r.noise_multiplier:.4f}, "
@@ -60,6 +62,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
           f"{r.epsilon_accounted:.3f} at δ = {r.delta:g}; {r.correct}/{r.guesses} guesses right over {r.canaries} "
           f"canaries; ceiling {r.epsilon_ceiling:.3f} (the ε_lb of every guess right: a claim above it cannot be "
           f"refuted by this audit)")
+    if caveat:
+        print(f"caveat ({cfg.method}): {caveat}")
     for p in r.per_layer:
         print(f"  layer {p.layer} ({p.parameters} parameters): ε_lb = {p.epsilon_lower_bound:.3f}, "
               f"{p.correct}/{p.guesses} right over {p.canaries} canaries, ceiling {p.epsilon_ceiling:.3f}")

@@ -124,6 +124,10 @@ def test_cli_prints_the_bound_next_to_the_accounted_epsilon(capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "ε_lb = " in out and "accounted ε = 2.000" in out and "/400 guesses" in out and "layer conv1" in out
+    assert "caveat" not in out
+    assert main(["audit", str(QUICKSTART), "--set", "method=scaffold", "--set", "privacy.epsilon=2", "--set", "rounds=1",
+                 "--canaries", "200"]) == 0
+    assert "caveat (scaffold): from round 2 on" in capsys.readouterr().out
     assert main(["audit", str(QUICKSTART), "--canaries", "500", "--guess-fraction", "0.7"]) == 2
     assert main(["audit", str(QUICKSTART), "--set", "privacy.epsilon=null", "--set", "method=fedavg"]) == 2
 
