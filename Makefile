@@ -25,8 +25,8 @@ install-dev: $(VENV)/.installed-dev
 run: install
 	$(BIN)/raysim run experiments/quickstart.yaml
 
-# Fast default suite (unit + single-process integration tests); `make test-cluster` runs the
-# multi-process Ray cluster and kill-and-resume tests, `make test-slow` the long accountant grids.
+# Fast default suite (unit + single-process integration tests); `make test-cluster` runs the tests that
+# start Ray or other processes (clusters, kill-and-resume, subprocesses), `make test-slow` the long accountant grids.
 # Two pytest workers (one per core here), whole files per worker so module fixtures are built once.
 test: install-dev
 	$(BIN)/python -m pytest -q -m "not slow and not cluster" -n 2 --dist loadfile --durations=15
