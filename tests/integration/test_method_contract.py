@@ -43,46 +43,33 @@ def calibrated(method: str):
     return tiny(method, 0, rounds=2, privacy={"epsilon": 8.0}, partition="iid")
 
 
-def _method_runs(method: str, folder) -> dict:
-    """A 2-round run of ``method`` (σ calibrated to ε = 8), and tiny runs with seeds 0, 0, 1 during which
-    every call of the privatisation step (one DP release) is counted."""
-    execute(calibrated(method), str(folder / "calibrated"))
-    counts = []
-    real = training.privatize
-
-    def counting(*args, **kwargs):
-        counts.append(1)
-        return real(*args, **kwargs)
-
-    training.privatize = counting
-    try:
-        ids = [execute(tiny(method, seed), str(folder / f"r{i}")).run_id for i, seed in enumerate((0, 0, 1))]
-    finally:
-        training.privatize = real
-
-    def tables(name: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-        return tuple(read_table(str(folder / name), t) for t in ("rounds", "clients", "runs"))
-
-    return {"ids": ids, "calibrated": tables("calibrated"), "tiny": [tables(f"r{i}") for i in range(3)],
-            "releases": len(counts)}
-
-
-class _Runs(dict):
-    """Each method's runs, made when a test first asks for them (``-k`` on one method makes only its runs).
-    Methods that share a privacy plan share its calibration (remembered in the process)."""
-
-    def __init__(self, tmp_path_factory):
-        super().__init__()
-        self.tmp = tmp_path_factory
-
-    def __missing__(self, method: str) -> dict:
-        self[method] = _method_runs(method, self.tmp.mktemp(method))
-        return self[method]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    return _Runs(tmp_path_factory)
+    """Per method: a 2-round run (σ calibrated to ε = 8), and tiny runs with seeds 0, 0, 1
+    during which every call of the privatisation step (one DP release) is counted."""
+    out = {}
+    for method in METHODS:
+        folder = tmp_path_factory.mktemp(method)
+        execute(calibrated(method), str(folder / "calibrated"))
+        counts = []
+        real = training.privatize
+
+        def counting(*args, **kwargs):
+            counts.append(1)
+            return real(*args, **kwargs)
+
+        training.privatize = counting
+        try:
+            ids = [execute(tiny(method, seed), str(folder / f"r{i}")).run_id for i, seed in enumerate((0, 0, 1))]
+        finally:
+            training.privatize = real
+
+        def tables(name: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+            return tuple(read_table(str(folder / name), t) for t in ("rounds", "clients", "runs"))
+
+        out[method] = {"ids": ids, "calibrated": tables("calibrated"),
+                       "tiny": [tables(f"r{i}") for i in range(3)], "releases": len(counts)}
+    return out
 
 
 @pytest.mark.parametrize("method", METHODS)
