@@ -40,6 +40,34 @@ class LocalStats:
     frac_clipped: float
 
 
+class LocalSGD:
+    """SGD with heavy-ball momentum, the update of ``torch.optim.SGD(params, lr, momentum)``: the same
+    bits on CPU (its single-tensor path: the buffer is the first gradient, then b ← μ·b + g; p ← p − lr·b).
+
+    Written out because ``torch.optim``'s constructor imports ``torch._dynamo`` on its first call:
+    1.8 s in a fresh process (cProfile of a client's first task), paid by every new client actor's
+    first client and so by round 1. ``tests/unit/core/test_local_train.py`` checks the bits against torch.optim.
+    """
+
+    def __init__(self, params: list[torch.Tensor], lr: float, momentum: float = 0.0) -> None:
+        self.params, self.lr, self.momentum = params, float(lr), float(momentum)
+        self.buffers: list[torch.Tensor | None] = [None] * len(params)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for i, p in enumerate(self.params):
+            g = p.grad
+            if g is None:
+                continue
+            if self.momentum != 0.0:
+                if self.buffers[i] is None:
+                    self.buffers[i] = g.detach().clone()
+                else:
+                    self.buffers[i].mul_(self.momentum).add_(g)
+                g = self.buffers[i]
+            p.add_(g, alpha=-self.lr)
+
+
 #: Examples per engine call in :func:`example_norm_pass` (at least the training batch size).
 NORM_PASS_CHUNK = 256
 
@@ -72,7 +100,7 @@ def local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, hooks: Clien
     cfg, task = hooks.cfg, hooks.task
     n, batch_size = len(y), cfg.batch_size
     params = [p for p in model.parameters()]
-    optimizer = torch.optim.SGD(params, lr=cfg.lr * task.lr_scale, momentum=cfg.momentum)
+    optimizer = LocalSGD(params, lr=cfg.lr * task.lr_scale, momentum=cfg.momentum)
     batch_rng = np_generator(seed, "batches", task.server_round, client_id)
     q = sample_rate(n, batch_size)
     expected_batch = q * n

@@ -12,7 +12,7 @@ from raysim.algorithms.base import ClientHooks
 from raysim.config import config_from_dict
 from raysim.messages import ClientTask, RoundPayload
 from raysim.privacy.grad_sample import make_engine
-from raysim.training import example_norm_pass, local_train, sample_rate, steps_per_epoch
+from raysim.training import LocalSGD, example_norm_pass, local_train, sample_rate, steps_per_epoch
 
 N, FEATURES, CLASSES = 50, 6, 3
 
@@ -87,3 +87,21 @@ def test_without_dp_every_example_is_seen_once_per_epoch():
     local_train(model, x, y, ClientHooks(cfg, RoundPayload(1, w, w), ClientTask(0, 1, 1.0, 0.0)), clipping="none",
                 engine=make_engine("bk"), per_layer=False, seed=0, client_id=0)
     assert seen == [16, 16, 16, 2]     # a permutation in batches of B, the last one short
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_local_sgd_is_torch_sgd_bit_for_bit(momentum):
+    """LocalSGD (which avoids torch.optim's import of torch._dynamo) makes torch.optim.SGD's updates exactly."""
+    x, y = _data()
+    ours, theirs = _model(), _model()
+    opts = [LocalSGD(list(ours.parameters()), lr=0.1, momentum=momentum),
+            torch.optim.SGD(theirs.parameters(), lr=0.1, momentum=momentum)]
+    for step in range(4):
+        for model, opt in zip((ours, theirs), opts):
+            for p in model.parameters():
+                p.grad = None
+            nn.functional.cross_entropy(model(x[step::4]), y[step::4]).backward()
+            opt.step()
+    for a, b in zip(ours.parameters(), theirs.parameters()):
+        assert torch.equal(a, b)
+    assert any(not torch.equal(a, b) for a, b in zip(ours.parameters(), _model().parameters()))
