@@ -64,11 +64,14 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Hashable, Mapping, Protocol, Sequence, runtime_checkable
 
-import dp_accounting
 import numpy as np
-from dp_accounting.pld import privacy_loss_distribution
-from dp_accounting.rdp import rdp_privacy_accountant
-from scipy import optimize
+
+from raysim.lazy import LazyModule
+
+dp_accounting = LazyModule("dp_accounting")
+privacy_loss_distribution = LazyModule("dp_accounting.pld.privacy_loss_distribution")
+rdp_privacy_accountant = LazyModule("dp_accounting.rdp.rdp_privacy_accountant")
+optimize = LazyModule("scipy.optimize")
 
 __all__ = [
     "ACCOUNTANTS",

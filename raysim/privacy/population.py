@@ -34,22 +34,22 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-import dp_accounting
 import numpy as np
 import torch
-from dp_accounting.rdp import rdp_privacy_accountant
 
 from raysim.config import Config, ConfigError
+from raysim.lazy import LazyModule
 from raysim.participation import rounds_per_pass
 from raysim.privacy.accounting import PrivacyLedger, StepEvent, compute_epsilon, smallest_noise
 from raysim.rng import torch_generator
+
+dp_accounting = LazyModule("dp_accounting")
+rdp_privacy_accountant = LazyModule("dp_accounting.rdp.rdp_privacy_accountant")
 
 __all__ = ["ClientLevelPlan", "client_level_plan", "joint_update_sigma", "privacy_scope", "ADAPTIVE_COUNT_DIVISOR"]
 
 #: σ_b = k / ADAPTIVE_COUNT_DIVISOR (Andrew et al. 2021's choice, k the expected cohort size).
 ADAPTIVE_COUNT_DIVISOR = 20.0
-
-_RELATION = dp_accounting.NeighboringRelation
 
 
 def joint_update_sigma(sigma: float, count_noise_multiplier: float) -> float:
@@ -164,13 +164,13 @@ def epsilon_of(mechanism: str, sampling: str, population: int, cohort: int, per_
         events: list[dp_accounting.DpEvent] = [dp_accounting.SelfComposedDpEvent(tree, full)] if full else []
         if rest:
             events.append(dp_accounting.SingleEpochTreeAggregationDpEvent(float(multipliers[0]), rest))
-        return _rdp_epsilon(dp_accounting.ComposedDpEvent(events), _RELATION.REPLACE_SPECIAL, delta)
+        return _rdp_epsilon(dp_accounting.ComposedDpEvent(events), dp_accounting.NeighboringRelation.REPLACE_SPECIAL, delta)
     if sampling == "uniform":
         values, counts = np.unique(np.asarray(multipliers, dtype=np.float64), return_counts=True)
         # Replace-one moves the clipped sum by up to 2C: the accounted multiplier is σ/2.
         events = [dp_accounting.SelfComposedDpEvent(dp_accounting.SampledWithoutReplacementDpEvent(
             population, cohort, dp_accounting.GaussianDpEvent(float(v) / 2.0)), int(c)) for v, c in zip(values, counts)]
-        return _rdp_epsilon(dp_accounting.ComposedDpEvent(events), _RELATION.REPLACE_ONE, delta)
+        return _rdp_epsilon(dp_accounting.ComposedDpEvent(events), dp_accounting.NeighboringRelation.REPLACE_ONE, delta)
     q = 1.0 if sampling == "full" else cohort / population
     return compute_epsilon([StepEvent(q, float(m), 1) for m in multipliers], delta, accountant)
 
