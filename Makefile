@@ -47,6 +47,7 @@ bench: install-dev
 	$(BIN)/python experiments/bench/cross_device.py $(if $(DATA_ROOT),--data-root $(DATA_ROOT),--dataset digits)
 	$(BIN)/python experiments/bench/dp_step.py
 	$(BIN)/python experiments/bench/dp_step.py --profile
+	$(BIN)/python experiments/bench/stacked_clients.py
 	$(BIN)/python experiments/bench/round_overhead.py --dataset digits
 	$(BIN)/python experiments/bench/sweep_overhead.py
 	$(BIN)/python experiments/bench/population.py --dataset digits --sizes 100 500

@@ -36,6 +36,12 @@ def test_dp_step_compares_engines_and_profiles_the_real_engine():
     assert any(p.startswith("norms ") for p in phases) and any(p.startswith("clipped sum ") for p in phases)
 
 
+def test_stacked_clients_trains_the_same_weights():
+    out = json.loads(_run("stacked_clients.py", "--clients", "2", "--steps", "2", "--repeats", "1", "--json"))
+    assert [r["arm"] for r in out["rows"]] == ["one client at a time", "stacked (vmap over clients)"]
+    assert all(r["samples_per_s"] > 0 for r in out["rows"]) and out["max_abs_weight_difference"] < 1e-5
+
+
 @pytest.mark.cluster
 def test_round_overhead():
     out = json.loads(_run("round_overhead.py", "--dataset", "digits", "--num-clients", "2", "--timed-rounds", "1",
