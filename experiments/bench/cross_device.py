@@ -70,7 +70,7 @@ import json, sys, time
 t0, stamps = float(sys.argv[1]), []
 def stamp(step): stamps.append((step, time.time() - t0))
 stamp("interpreter up")
-import raysim.cli, raysim.experiment, raysim.runtime.driver
+import raysim.cli, raysim.experiment, raysim.runtime.driver, ray
 stamp("imports (raysim.cli, raysim.experiment, raysim.runtime.driver)")
 from raysim.config import apply_overrides, cli_overrides, config_from_dict, read_yaml
 from raysim.experiment import check_config, prepare
@@ -87,7 +87,10 @@ stamp("round 1 recorded")
 for _ in it:
     pass
 stamp("round 2 recorded")
-print(json.dumps(stamps))
+# Ray's task timeline of the run: each actor call and its phases, from the launch (``ray.timeline``).
+tasks = sorted((e["ts"] / 1e6 - t0, e["dur"] / 1e6, str(e.get("tid")), e["name"]) for e in ray.timeline()
+               if e.get("ph") == "X" and e.get("dur", 0) >= 50_000)
+print(json.dumps({"stamps": stamps, "tasks": tasks}))
 """
 
 # Run inside the child process of the first-round measurement: the CLI itself, with the progress
@@ -199,8 +202,9 @@ def first_round(args: argparse.Namespace, overrides: list[str], folder: str) -> 
     return {"start_s": stamps["setup"] - t0, "first_round_s": stamps["round"] - t0, "process_wall_s": wall}
 
 
-def trace_startup(args: argparse.Namespace, overrides: list[str]) -> list:
-    """``_TRACE`` in a fresh process on a fresh local Ray: when each step of a run ends, from the launch."""
+def trace_startup(args: argparse.Namespace, overrides: list[str]) -> dict:
+    """``_TRACE`` in a fresh process on a fresh local Ray: when each step of a run ends, from the launch
+    (``stamps``), and Ray's task timeline of the run (``tasks``: start, duration, worker, name)."""
     import raysim
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(Path(raysim.__file__).resolve().parents[1])}
     env.pop("RAY_ADDRESS", None)
@@ -225,10 +229,13 @@ def main() -> None:
     ap.add_argument("--no-first-round", action="store_true", help="skip the fresh-process first-round measurement")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
     ap.add_argument("--trace-startup", action="store_true",
-                    help="only time the steps of a fresh run's start-up (first variant of --variants), one by one")
+                    help="only time the steps of a fresh run's start-up (first variant of --variants), one by one, "
+                         "and print Ray's task timeline of that run")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     args.dataset = args.dataset or ("cifar10" if args.data_root else "digits")
+    if args.data_root:   # the fresh processes run in a temporary folder
+        args.data_root = os.path.abspath(args.data_root)
     keys = args.variants.split(",")
     unknown = set(keys) - {k for k, _, _ in VARIANTS}
     if unknown:
@@ -243,9 +250,14 @@ def main() -> None:
         print(f"{args.dataset}, variant {keys[0]}: a fresh process on a fresh local Ray, {os.cpu_count()} CPUs\n")
         print("| step | ends at (s) | takes (s) |\n|---|---|---|")
         previous = 0.0
-        for step, at in stamps:
+        for step, at in stamps["stamps"]:
             print(f"| {step} | {at:.2f} | {at - previous:.2f} |")
             previous = at
+        workers = {w: f"worker {k}" for k, w in enumerate(dict.fromkeys(w for _, _, w, _ in stamps["tasks"]))}
+        print("\nRay's task timeline of the run (calls and phases of at least 50 ms; `ray.timeline`):\n")
+        print("| starts at (s) | takes (s) | process | call or phase |\n|---|---|---|---|")
+        for at, took, w, name in stamps["tasks"]:
+            print(f"| {at:.2f} | {took:.2f} | {workers[w]} | {name} |")
         return
 
     from raysim.experiment import prepare

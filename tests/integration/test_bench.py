@@ -111,3 +111,13 @@ def test_cross_device():
         assert row["ray"]["round_s"] > 0 and row["serial"]["round_s"] > 0
         assert 0 < row["fresh"]["start_s"] < row["fresh"]["first_round_s"]
         assert row["ray_over_floor"] == row["ray"]["round_s"] / out["floor"]["floor_s"]
+
+
+@pytest.mark.cluster
+def test_cross_device_startup_trace():
+    out = json.loads(_run("cross_device.py", "--dataset", "digits", "--trace-startup", "--variants", "nodp", "--set",
+                          "num_clients=4", "--set", "clients_per_round=2", "--set", "data.test_subsample=100", "--json"))
+    ends = [at for _, at in out["stamps"]]
+    assert ends == sorted(ends) and out["stamps"][-1][0] == "round 2 recorded"
+    assert {"warm", "open"} <= {name for *_, name in out["tasks"]}
+
