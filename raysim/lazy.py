@@ -10,7 +10,7 @@ from typing import Any
 class LazyModule:
     """Stands for the module ``name`` and imports it when an attribute is first read.
 
-    dp_accounting and SciPy take about 1 s to import on the 2-core VM (``python -X importtime``). A
+    dp_accounting and SciPy take 1.1–1.6 s to import on the 2-core VM (docs/performance.md). A
     ``raysim run`` process that only plans and writes rows, and a driver actor of a run without DP,
     never call them, and each such second is on the way to round 1.
     """

@@ -45,7 +45,7 @@ class LocalSGD:
     bits on CPU (its single-tensor path: the buffer is the first gradient, then b ← μ·b + g; p ← p − lr·b).
 
     Written out because ``torch.optim``'s constructor imports ``torch._dynamo`` on its first call:
-    1.8 s in a fresh process (cProfile of a client's first task), paid by every new client actor's
+    1.5–1.8 s in a fresh process on the 2-core VM (docs/performance.md), paid by every new client actor's
     first client and so by round 1. ``tests/unit/core/test_local_train.py`` checks the bits against torch.optim.
     """
 

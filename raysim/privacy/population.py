@@ -155,6 +155,7 @@ def epsilon_of(mechanism: str, sampling: str, population: int, cohort: int, per_
         return 0.0
     if any(m == 0.0 for m in multipliers):
         return math.inf
+    relation = dp_accounting.NeighboringRelation
     if mechanism == "tree":
         rounds = len(multipliers)
         if len(set(multipliers)) != 1:
@@ -164,13 +165,13 @@ def epsilon_of(mechanism: str, sampling: str, population: int, cohort: int, per_
         events: list[dp_accounting.DpEvent] = [dp_accounting.SelfComposedDpEvent(tree, full)] if full else []
         if rest:
             events.append(dp_accounting.SingleEpochTreeAggregationDpEvent(float(multipliers[0]), rest))
-        return _rdp_epsilon(dp_accounting.ComposedDpEvent(events), dp_accounting.NeighboringRelation.REPLACE_SPECIAL, delta)
+        return _rdp_epsilon(dp_accounting.ComposedDpEvent(events), relation.REPLACE_SPECIAL, delta)
     if sampling == "uniform":
         values, counts = np.unique(np.asarray(multipliers, dtype=np.float64), return_counts=True)
         # Replace-one moves the clipped sum by up to 2C: the accounted multiplier is σ/2.
         events = [dp_accounting.SelfComposedDpEvent(dp_accounting.SampledWithoutReplacementDpEvent(
             population, cohort, dp_accounting.GaussianDpEvent(float(v) / 2.0)), int(c)) for v, c in zip(values, counts)]
-        return _rdp_epsilon(dp_accounting.ComposedDpEvent(events), dp_accounting.NeighboringRelation.REPLACE_ONE, delta)
+        return _rdp_epsilon(dp_accounting.ComposedDpEvent(events), relation.REPLACE_ONE, delta)
     q = 1.0 if sampling == "full" else cohort / population
     return compute_epsilon([StepEvent(q, float(m), 1) for m in multipliers], delta, accountant)
 

@@ -120,4 +120,3 @@ def test_cross_device_startup_trace():
     ends = [at for _, at in out["stamps"]]
     assert ends == sorted(ends) and out["stamps"][-1][0] == "round 2 recorded"
     assert "warm" in {name for *_, name in out["tasks"]}
-
