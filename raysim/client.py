@@ -15,7 +15,7 @@ from raysim.algorithms.uploads import UploadContext
 from raysim.config import UPDATE_CLIPPING, Config
 from raysim.privacy import clipping
 from raysim.data import ArrayDataset, to_float_tensor
-from raysim.metrics import Evaluation, evaluate
+from raysim.metrics import Evaluation, eval_batches, summarize
 from raysim.models import model_for
 from raysim.privacy.grad_sample import layer_slices, make_engine
 from raysim.allocator import configure_process
@@ -51,21 +51,23 @@ class ClientRunner:
     """Trains any client of a run on demand: one per actor (or one in the serial executor).
 
     It keeps the run's shared train arrays (uint8, as they arrived: on Ray a zero-copy view of the
-    one copy in the node's object store), the whole train split normalised to float32 once
-    (:meth:`train_images`, 4 bytes a pixel: 614 MB for CIFAR-10, built when the runner is), and one
+    one copy in the node's object store), the train split normalised to float32 (:meth:`rows`: each
+    row once, the first time a task needs it; 4 bytes a pixel, at most 614 MB for CIFAR-10), and one
     model. A task names its client's shard (:class:`ClientData`, indices into the shared arrays); the
-    runner gathers that client's rows of the float images for the task and drops them after it, so
-    its memory does not grow with the number of clients it has trained. :meth:`configure` re-targets
+    runner gathers that client's float rows for the task and drops the gathered copy after it, so
+    its memory does not grow past the one float copy of the split however many clients it trains. :meth:`configure` re-targets
     the runner at another run on the same data (a warm actor reused by the next run of a sweep).
     """
 
     def __init__(self, cfg: Config, clipping: str, train: ArrayDataset) -> None:
         self.train_data = train
         self.info = train.info
-        self._images: torch.Tensor | None = None
+        n, h, w, c = train.x.shape
+        # Pages of the float images are only touched, so only paid for, when a row is first normalised.
+        self._images = torch.empty((n, c, h, w), memory_format=torch.channels_last)
+        self._normalised = torch.zeros(n, dtype=torch.bool)
         self._labels = torch.from_numpy(np.array(train.y, dtype=np.int64))   # a copy: Ray's view is read-only
         self.configure(cfg, clipping)
-        self.train_images()
 
     def configure(self, cfg: Config, clipping: str) -> None:
         """Set up for the run ``cfg``: model, engine and declared uploads; no state of an earlier run survives."""
@@ -81,27 +83,39 @@ class ClientRunner:
         #: The privacy audit only (``raysim.audit``): task -> the per-step canaries of that task's training, or None.
         self.canaries: Any = None
 
-    def evaluate(self, weights: torch.Tensor, x: torch.Tensor, y: torch.Tensor, num_classes: int) -> Evaluation:
+    def evaluate(self, weights: torch.Tensor, x: Any, y: torch.Tensor, num_classes: int) -> Evaluation:
         """The global model ``weights`` on a test set, on this runner's device (``runtime.eval_on=actor``)."""
-        vector_to_parameters(weights.to(self.device), self.model.parameters())
-        return evaluate(self.model, x.to(self.device), y.to(self.device), num_classes, self.cfg.eval_batch_size)
+        return summarize(*self.eval_batches(weights, x, y), y, num_classes)
 
-    def train_images(self) -> torch.Tensor:
-        """The whole train split as normalised float32 (N, C, H, W) on the CPU, built once per runner
-        (not per task) and kept in the channels-last memory format: a client's rows gathered from it
-        are channels-last too, the layout oneDNN's convolutions run natively in and the one the ``bk``
-        engine runs its forward pass in, so no step copies its batch into it."""
-        if self._images is None:
-            self._images = to_float_tensor(self.train_data.x, self.info, channels_last=True)
-        return self._images
+    def eval_batches(self, weights: torch.Tensor, x: Any, y: torch.Tensor) -> tuple[list[float], torch.Tensor]:
+        """:func:`raysim.metrics.eval_batches` of the global model ``weights`` on (x, y), on this runner's
+        device, batches of ``eval_batch_size``: a part of a test set that several actors evaluate.
+        ``x``: float tensors, or uint8 images (N, H, W, C) that are normalised here first (the same
+        bits as the server's normalisation: it is elementwise)."""
+        if isinstance(x, np.ndarray):
+            x = to_float_tensor(x, self.info)
+        vector_to_parameters(weights.to(self.device), self.model.parameters())
+        return eval_batches(self.model, x.to(self.device), y.to(self.device), self.cfg.eval_batch_size)
+
+    def rows(self, indices: torch.Tensor) -> torch.Tensor:
+        """The train images at ``indices``, normalised to float32 (N, C, H, W) on the CPU in the
+        channels-last memory format (the layout oneDNN's convolutions run natively in and the one the
+        ``bk`` engine runs its forward pass in, so no step copies its batch into it). Each row is
+        normalised once per runner, the first time a task needs it, and kept: an actor pays for the
+        clients it trains, not for the whole split at start-up, and no later task converts it again."""
+        todo = indices[~self._normalised[indices]].unique()
+        if len(todo):
+            self._images[todo] = to_float_tensor(self.train_data.x[todo.numpy()], self.info, channels_last=True)
+            self._normalised[todo] = True
+        return self._images[indices]
 
     def tensors(self, client: ClientData) -> tuple[torch.Tensor, ...]:
-        """(x, y, x_val, y_val) of one client, gathered from :meth:`train_images` onto the runner's
-        device: x channels-last, x_val contiguous; the same values, bit for bit, as converting the
-        client's own uint8 rows."""
-        images, labels = self.train_images(), self._labels
+        """(x, y, x_val, y_val) of one client, gathered from :meth:`rows` onto the runner's device:
+        x channels-last, x_val contiguous; the same values, bit for bit, as converting the client's
+        own uint8 rows."""
         train, val = (torch.tensor(np.asarray(i, dtype=np.int64)) for i in (client.train_indices, client.val_indices))
-        return to_device((images[train], labels[train], images[val].contiguous(), labels[val]), self.device)
+        labels = self._labels
+        return to_device((self.rows(train), labels[train], self.rows(val).contiguous(), labels[val]), self.device)
 
     def train(self, payload: RoundPayload, task: ClientTask, client: ClientData) -> ClientResult:
         """One round of ``client`` (``task.client_id``): local (DP-)training from the payload, then its uploads."""

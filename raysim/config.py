@@ -107,8 +107,9 @@ class RuntimeConfig:
                                        # matmuls split their sums by thread count; docs/cluster.md)
     max_actor_restarts: int = 3
     checkpoint_every: int = 1          # save a resumable checkpoint every k rounds (0: never)
-    eval_on: str = "auto"              # where the global model is evaluated: driver | actor (a client actor,
-                                       # on its GPU share if it has one) | auto (actor when clients have GPUs)
+    eval_on: str = "auto"              # where the global model is evaluated: driver | actor (the client actors,
+                                       # on their GPU shares if they have them) | auto (actor when clients have
+                                       # GPUs, and on CPUs after the last round; else the driver)
     malloc_tuning: bool = True         # keep multi-MB buffers in the heap (raysim.allocator); speed only
 
 

@@ -36,15 +36,31 @@ class Evaluation:
 @torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, batch_size: int = 1000) -> Evaluation:
     """Accuracy, macro-F1 and mean cross-entropy of ``model`` on (x, y) (CPU tensors out; no autograd graph)."""
+    return summarize(*eval_batches(model, x, y, batch_size), y, num_classes)
+
+
+@torch.no_grad()
+def eval_batches(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> tuple[list[float], torch.Tensor]:
+    """The summed cross-entropy of each batch of ``batch_size`` rows of (x, y), in order, and the
+    predictions (CPU). The batches of a split of (x, y) at multiples of ``batch_size`` are the same
+    batches, so evaluating the parts in several processes and :func:`summarize`-ing them in order
+    gives the same bits as one :func:`evaluate` at the same thread count."""
     model.eval()
-    preds, loss_sum = [], 0.0
+    losses, preds = [], []
     for start in range(0, len(y), batch_size):
         logits = model(x[start:start + batch_size])
-        loss_sum += float(F.cross_entropy(logits, y[start:start + batch_size].to(logits.device), reduction="sum"))
+        losses.append(float(F.cross_entropy(logits, y[start:start + batch_size].to(logits.device), reduction="sum")))
         preds.append(logits.argmax(dim=1).cpu())
     model.train()
-    if not preds:
+    return losses, torch.cat(preds) if preds else torch.zeros(0, dtype=torch.int64)
+
+
+def summarize(losses: list[float], pred: torch.Tensor, y: torch.Tensor, num_classes: int) -> Evaluation:
+    """The metrics of :func:`eval_batches`' output for the labels ``y`` (the batches' losses summed in order)."""
+    if not losses:
         return Evaluation(0.0, 0.0, float("nan"))
-    pred = torch.cat(preds).numpy()
-    truth = y.cpu().numpy()
+    loss_sum = 0.0
+    for loss in losses:   # one addition after another, as the batches come (not sum(): compensated on Python ≥ 3.12)
+        loss_sum += loss
+    pred, truth = pred.numpy(), y.cpu().numpy()
     return Evaluation(float((pred == truth).mean()), macro_f1(truth, pred, num_classes), loss_sum / len(y))

@@ -7,7 +7,8 @@ training streams, so replicates of one federation (``replicate``) share all of i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -56,20 +57,29 @@ def make_partition(cfg: Config, labels: np.ndarray) -> list[ClientData]:
 
 @dataclass
 class RunData:
-    """What the server holds of a run's data: the shards, their label counts, and the float tensors
-    it evaluates on (the test split, subsampled; the public hold-out, or None without one)."""
+    """What the server holds of a run's data: the shards, their label counts, the test split
+    (subsampled; its images uint8 until :meth:`test_x` first needs them as floats) and the public
+    hold-out the server evaluates on (float tensors, or None without one)."""
 
     clients: list[ClientData]
     partition_stats: pd.DataFrame
-    test_x: torch.Tensor
+    test: ArrayDataset
     test_y: torch.Tensor
     val_x: torch.Tensor | None
     val_y: torch.Tensor | None
+    _test_x: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def num_samples(self) -> np.ndarray:
         """n_i, the clients' training-set sizes."""
         return np.array([len(c.train_indices) for c in self.clients])
+
+    def test_x(self) -> torch.Tensor:
+        """The test images normalised to float32, built when the server first evaluates them itself (a
+        CIFAR-10 test split is 123 MB of floats; actors that evaluate normalise their own part)."""
+        if self._test_x is None:
+            self._test_x = to_float_tensor(self.test.x, self.test.info)
+        return self._test_x
 
 
 def prepare_run_data(cfg: Config, train: ArrayDataset, test: ArrayDataset) -> RunData:
@@ -79,14 +89,12 @@ def prepare_run_data(cfg: Config, train: ArrayDataset, test: ArrayDataset) -> Ru
     stats = pd.concat([
         partition_stats(train.y, [c.train_indices for c in clients], classes).assign(split="train"),
         partition_stats(train.y, [c.val_indices for c in clients], classes).assign(split="val")], ignore_index=True)
-    test_x, test_y = test.x, test.y
-    if cfg.data.test_subsample is not None and cfg.data.test_subsample < len(test_y):
-        keep = np.sort(np_generator(cfg.seed, "test-subsample").choice(len(test_y), cfg.data.test_subsample, replace=False))
-        test_x, test_y = test_x[keep], test_y[keep]   # before the float copy (4× the uint8 split), not after
+    if cfg.data.test_subsample is not None and cfg.data.test_subsample < len(test.y):
+        keep = np.sort(np_generator(cfg.seed, "test-subsample").choice(len(test.y), cfg.data.test_subsample, replace=False))
+        test = dataclasses.replace(test, x=test.x[keep], y=test.y[keep])
     # The public server hold-out doubles as the validation set (``val_*`` columns): the global model is
     # scored on it whenever it is scored on the test split, so tuning never needs the test split.
     held, _ = server_holdout(cfg, len(train.y))
     val_x = to_float_tensor(train.x[held], train.info) if len(held) else None
     val_y = torch.from_numpy(train.y[held].astype(np.int64)) if len(held) else None
-    return RunData(clients, stats, to_float_tensor(test_x, test.info), torch.from_numpy(test_y.astype(np.int64)),
-                   val_x, val_y)
+    return RunData(clients, stats, test, torch.from_numpy(test.y.astype(np.int64)), val_x, val_y)

@@ -88,8 +88,10 @@ class Executor(Protocol):
         """Start training ``tasks`` (``clients[j]``: the shard of ``tasks[j]``); returns a handle for :meth:`collect`."""
     def collect(self, handle: Any) -> list[ClientResult]:
         """The results of a :meth:`submit`, sorted by client id."""
-    def evaluate(self, weights: torch.Tensor, x: torch.Tensor, y: torch.Tensor, num_classes: int) -> Any:
-        """Evaluate the global model on a worker (``runtime.eval_on``), or return None to leave it to the server."""
+    def evaluate(self, weights: torch.Tensor, x: Any, y: torch.Tensor, num_classes: int, idle: bool = False) -> Any:
+        """Evaluate the global model on the workers (``runtime.eval_on``; ``idle``: no round is training
+        meanwhile; ``x``: uint8 images (N, H, W, C) or normalised float tensors), or return None to
+        leave it to the server."""
     def shutdown(self) -> None: ...
 
 
@@ -177,7 +179,8 @@ class Simulation:
     def _plan(self, cfg: Config, train: ArrayDataset, test: ArrayDataset) -> None:
         data = prepare_run_data(cfg, train, test)
         self.clients = data.clients
-        self.test_x, self.test_y, self.val_x, self.val_y = data.test_x, data.test_y, data.val_x, data.val_y
+        self.data = data
+        self.val_x, self.val_y = data.val_x, data.val_y
         self.info = test.info
         n = data.num_samples
         self.q = np.array([sample_rate(int(k), cfg.batch_size) for k in n])
@@ -402,21 +405,24 @@ class Simulation:
         last round (NaN in between), on a worker or here (``runtime.eval_on``)."""
         if not self._eval_due(t):
             return Evaluation(math.nan, math.nan, math.nan)
-        return self._score(self.test_x, self.test_y)
+        return self._score(self.data.test.x, self.data.test_y, self.data.test_x)
 
     def validate(self, t: int) -> Evaluation | None:
         """Validation metrics of the global model after round ``t`` on the public server hold-out, when
         the test metrics are due and the run has a hold-out (``data.server_holdout``); else None."""
         if self.val_x is None or not self._eval_due(t):
             return None
-        return self._score(self.val_x, self.val_y)
+        return self._score(self.val_x, self.val_y, lambda: self.val_x)
 
-    def _score(self, x: torch.Tensor, y: torch.Tensor) -> Evaluation:
-        remote = self.executor.evaluate(self.weights, x, y, self.info.num_classes)
+    def _score(self, x: Any, y: torch.Tensor, float_x: Callable[[], torch.Tensor]) -> Evaluation:
+        """Metrics on (x, y): ``x`` as the workers take it (uint8 images they normalise, or float
+        tensors), ``float_x()`` the float tensors this process evaluates when the executor leaves it
+        here. ``idle``: no round trains meanwhile (the last round's evaluation)."""
+        remote = self.executor.evaluate(self.weights, x, y, self.info.num_classes, idle=self._inflight is None)
         if remote is not None:
             return remote
         vector_to_parameters(self.weights.clone(), self.model.parameters())
-        return evaluate(self.model, x, y, self.info.num_classes, self.cfg.eval_batch_size)
+        return evaluate(self.model, float_x(), y, self.info.num_classes, self.cfg.eval_batch_size)
 
     def planned_max_sigma(self) -> float:
         """The largest σ_i planned so far (NaN if none)."""

@@ -80,8 +80,10 @@ class ClientActor:
         """Several clients of one round, one after another (one Ray task for an actor's share)."""
         return [self.train(payload, t, c, setup) for t, c in zip(tasks, clients)]
 
-    def evaluate(self, weights: Any, test: tuple, setup: tuple[str, Config, str, list]) -> Any:
-        return self._runner(setup).evaluate(weights, *test)
+    def evaluate(self, weights: Any, test: tuple, setup: tuple[str, Config, str, list]) -> tuple[list[float], Any]:
+        """Per-batch losses and predictions of the global model on ``test`` = (x, y): this actor's part
+        of an evaluation that the executor splits at batch boundaries."""
+        return self._runner(setup).eval_batches(weights, *test)
 
     def modules(self) -> list[str]:
         """Names in this process's ``sys.modules`` (the import-path test)."""

@@ -24,10 +24,12 @@ import uuid
 from typing import Any, Sequence
 
 import ray
+import torch
 
 from raysim.client import eval_where
 from raysim.config import Config
 from raysim.messages import ClientData, ClientResult, ClientTask, RoundPayload
+from raysim.metrics import summarize
 from raysim.runtime.client_actor import ClientActor
 
 
@@ -111,6 +113,8 @@ class RayExecutor:
         self.gpu = cfg.runtime.num_gpus_per_client > 0
         self.cpus = cpus_per_actor(cfg, len(self.actors) or actor_count(cfg))
         self.eval_on = eval_where(cfg)
+        self.eval_auto = cfg.runtime.eval_on == "auto"
+        self.eval_batch_size = cfg.eval_batch_size
         # id(x) -> (x, its object ref): x is kept so that its id cannot be reused by another tensor
         self._eval_sets: dict[int, tuple[Any, Any]] = {}
         self._warming: list[Any] = []
@@ -180,14 +184,25 @@ class RayExecutor:
                                 for k in ks[:max(1, math.floor(len(ks) * self.cpus + 0.05))]]
         return self._active
 
-    def evaluate(self, weights: Any, x: Any, y: Any, num_classes: int) -> Any:
-        """With ``runtime.eval_on=actor``, the first actor evaluates (the test set is put once per run);
-        else None: the simulation evaluates in the driver."""
-        if self.eval_on != "actor":
+    def evaluate(self, weights: Any, x: Any, y: Any, num_classes: int, idle: bool = False) -> Any:
+        """With ``runtime.eval_on=actor``, or with ``auto`` while no round trains (``idle``: after the
+        last round), the active actors evaluate, each a contiguous run of whole ``eval_batch_size``
+        batches, and the parts are summed in order: the same bits as the driver's evaluation at the
+        same thread count (:func:`raysim.metrics.eval_batches`). Else None: the driver evaluates."""
+        if not (self.eval_on == "actor" or (idle and self.eval_auto)):
             return None
-        if id(x) not in self._eval_sets:   # the test split, and the validation hold-out if any
-            self._eval_sets[id(x)] = (x, ray.put((x, y, num_classes)))
-        return ray.get(self.actors[0].evaluate.remote(weights, self._eval_sets[id(x)][1], self.setup_ref))
+        actors = self.active_actors()
+        batches = math.ceil(len(y) / self.eval_batch_size)
+        cuts = [self.eval_batch_size * (batches * k // len(actors)) for k in range(len(actors) + 1)]
+        if id(x) not in self._eval_sets:   # the test split, and the validation hold-out if any; put once per run
+            parts = [ray.put((x[lo:hi], y[lo:hi])) for lo, hi in zip(cuts, cuts[1:]) if hi > lo]
+            self._eval_sets[id(x)] = (x, parts)
+        weights_ref = ray.put(weights)
+        done = ray.get([a.evaluate.remote(weights_ref, part, self.setup_ref)
+                        for a, part in zip(actors, self._eval_sets[id(x)][1])])
+        preds = [p for _, p in done]
+        return summarize([loss for losses, _ in done for loss in losses],
+                         torch.cat(preds) if preds else torch.zeros(0, dtype=torch.int64), y, num_classes)
 
     def placements(self) -> list[dict[str, Any]]:
         return ray.get([a.where.remote() for a in self.actors])

@@ -34,7 +34,7 @@ class SerialExecutor:
         payload, tasks, clients = handle
         return sorted((self.runner.train(payload, t, c) for t, c in zip(tasks, clients)), key=lambda r: r.client_id)
 
-    def evaluate(self, weights: Any, x: Any, y: Any, num_classes: int) -> Any:
+    def evaluate(self, weights: Any, x: Any, y: Any, num_classes: int, idle: bool = False) -> Any:
         """The runner evaluates when ``runtime.eval_on`` says actor (on its device); else None: the simulation does."""
         assert self.runner is not None, "start() first"
         return self.runner.evaluate(weights, x, y, num_classes) if eval_where(self.runner.cfg) == "actor" else None

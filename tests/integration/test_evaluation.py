@@ -51,6 +51,19 @@ def test_eval_on_ray_actor_equals_serial_driver(ray_session, every_round, tmp_pa
     pd.testing.assert_frame_equal(_rounds(tmp_path), every_round, check_exact=True)
 
 
+@pytest.mark.parametrize("eval_on", ["actor", "auto"])
+def test_evaluation_split_over_ray_actors_equals_serial_driver(ray_session, eval_on, tmp_path):
+    """Two actors evaluate a part each (``actor``: every round; ``auto`` on CPUs: the last round, the
+    driver the others), batches of 37 test images: the same metrics, bit for bit, as the driver alone."""
+    base = dict(method="fedsa", rounds=3, eval_batch_size=37, privacy__noise_multiplier=1.0)
+    execute(tiny_config(**base), str(tmp_path / "serial"))
+    execute(tiny_config(**base, runtime__executor="ray", runtime__num_actors=2, runtime__eval_on=eval_on),
+            str(tmp_path / "ray"))
+    serial, ray_ = _rounds(tmp_path / "serial"), _rounds(tmp_path / "ray")
+    assert serial["test_loss"].notna().all()
+    pd.testing.assert_frame_equal(ray_, serial, check_exact=True)
+
+
 def test_eval_every_must_be_positive():
     from raysim.config import ConfigError
     with pytest.raises(ConfigError, match="eval_every"):

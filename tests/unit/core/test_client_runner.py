@@ -59,10 +59,10 @@ def test_configure_retargets_the_runner_at_another_run(train):
     assert count_parameters(runner.model) == count_parameters(expected) and runner.uploads
 
 
-def test_client_tensors_are_gathered_from_images_normalised_once():
-    """A task's tensors are rows of the float images the runner built once: the same bits as converting
-    the client's own uint8 rows, x channels-last (the bk engine's layout), also from read-only arrays
-    (Ray's zero-copy views) and without a warning."""
+def test_client_tensors_are_gathered_from_rows_normalised_once():
+    """A task's tensors are rows of float images that the runner normalises once, when a task first
+    needs them: the same bits as converting the client's own uint8 rows, x channels-last (the bk
+    engine's layout), also from read-only arrays (Ray's zero-copy views) and without a warning."""
     import warnings
 
     from raysim.data import ArrayDataset, DatasetInfo, to_float_tensor
@@ -77,9 +77,17 @@ def test_client_tensors_are_gathered_from_images_normalised_once():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         runner = ClientRunner(tiny_config(method="fedavg"), "none", data)
-        images = runner.train_images()
+        assert not runner._normalised.any()                     # nothing converted before a task needs it
         xt, yt, xv, yv = runner.tensors(ClientData(0, train_idx, val_idx))
-    assert runner.train_images() is images                      # built once, not per task
+        assert sorted(np.flatnonzero(runner._normalised.numpy())) == [2, 3, 5, 7, 11, 29]
+        original = x.copy()
+        x.setflags(write=True)
+        x[7] = 0                                                # a row already normalised is not converted again
+        x.setflags(write=False)
+        again, *_ = runner.tensors(ClientData(1, np.array([29, 7, 7, 0]), np.array([], dtype=np.int64)))
+    assert torch.equal(again[1], xt[0]) and torch.equal(again[2], xt[0]) and torch.equal(again[0], xt[2])
+    assert torch.equal(again[3], to_float_tensor(x[[0]], info)[0]) and runner._normalised.sum() == 7
+    x = original
     assert xt.is_contiguous(memory_format=torch.channels_last) and not xt.is_contiguous() and xv.is_contiguous()
     assert torch.equal(xt, to_float_tensor(x[train_idx], info)) and torch.equal(xv, to_float_tensor(x[val_idx], info))
     assert yt.tolist() == y[train_idx].tolist() and yv.tolist() == y[val_idx].tolist() and yt.dtype == torch.int64
