@@ -87,7 +87,9 @@ stamp("round 1 recorded")
 for _ in it:
     pass
 stamp("round 2 recorded")
-# Ray's task timeline of the run: each actor call and its phases, from the launch (``ray.timeline``).
+# Ray's task timeline of the run: each actor call and its phases, from the launch (``ray.timeline``),
+# once the workers have flushed their last events (they send them about once a second).
+time.sleep(2)
 tasks = sorted((e["ts"] / 1e6 - t0, e["dur"] / 1e6, str(e.get("tid")), e["name"]) for e in ray.timeline()
                if e.get("ph") == "X" and e.get("dur", 0) >= 50_000)
 print(json.dumps({"stamps": stamps, "tasks": tasks}))

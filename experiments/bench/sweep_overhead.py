@@ -1,6 +1,6 @@
 """What a sweep pays besides training: the smoke sweep with the warm-actor pool on and off, in one run.
 
-    python experiments/bench/sweep_overhead.py [--sweep experiments/sweeps/smoke.yaml] [--json]
+    python experiments/bench/sweep_overhead.py [--sweep experiments/sweeps/smoke.yaml] [--max-concurrent N] [--per-run] [--json]
 
 Both arms run the same sweep on one local Ray (started once, before either arm), each into a
 fresh results folder, in alternating order over ``--repeats`` (pool off first, then on, then
@@ -36,9 +36,10 @@ from raysim.sweep import load_sweep  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 
 
-def one_sweep(sweep, reuse: bool, folder: str) -> dict:
+def one_sweep(sweep, reuse: bool, folder: str, max_concurrent: int | None) -> dict:
     t0 = time.perf_counter()
-    outcomes = run_sweep(sweep.configs, folder, sweep.sweep_id, run_one=execute_row, reuse_actors=reuse)
+    outcomes = run_sweep(sweep.configs, folder, sweep.sweep_id, run_one=execute_row, reuse_actors=reuse,
+                         max_concurrent=max_concurrent)
     wall = time.perf_counter() - t0
     failed = [o for o in outcomes if o.status != "completed"]
     if failed:
@@ -53,13 +54,18 @@ def one_sweep(sweep, reuse: bool, folder: str) -> dict:
     return {"runs": len(runs), "round_s": float(per_run.sum()), "wall_s": wall, "ratio": wall / float(per_run.sum()),
             "overhead_cold_s": statistics.mean(cold_o) if cold_o else None,
             "overhead_warm_s": statistics.mean(warm_o) if warm_o else None, "cold_runs": len(cold_o),
-            "warm_runs": len(warm_o), "startup_s": [float(s) for s in runs["startup_seconds"]], "warm_actors": warm}
+            "warm_runs": len(warm_o), "startup_s": [float(s) for s in runs["startup_seconds"]], "warm_actors": warm,
+            "per_run": [{"run_id": r.run_id, "warm": w, "wall_s": float(r.wall_seconds), "round_s": float(per_run[r.run_id]),
+                         "overhead_s": o} for r, w, o in zip(runs.itertuples(), warm, overhead)]}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sweep", default=str(REPO / "experiments" / "sweeps" / "smoke.yaml"))
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--max-concurrent", type=int, default=None,
+                    help="runs at once (default: as many as fit the cluster, as raysim sweep does)")
+    ap.add_argument("--per-run", action="store_true", help="also list each run of the last repeat")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     sweep = load_sweep(args.sweep, overrides=["runtime.executor=ray"])
@@ -68,17 +74,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="sweep-overhead-") as tmp:
         for rep in range(args.repeats):
             for name, reuse in (("pool off", False), ("pool on", True)):
-                arms[name].append(one_sweep(sweep, reuse, os.path.join(tmp, f"{name.replace(' ', '-')}-{rep}")))
+                arms[name].append(one_sweep(sweep, reuse, os.path.join(tmp, f"{name.replace(' ', '-')}-{rep}"),
+                                             args.max_concurrent))
     keys = ("round_s", "wall_s", "ratio", "overhead_cold_s", "overhead_warm_s", "cold_runs", "warm_runs")
     summary = {name: {k: (statistics.mean(r[k] for r in results) if all(r[k] is not None for r in results) else None)
                       for k in keys}
-               | {"runs": results[0]["runs"], "warm_actors": results[-1]["warm_actors"]}
+               | {"runs": results[0]["runs"], "warm_actors": results[-1]["warm_actors"], "per_run": results[-1]["per_run"]}
                for name, results in arms.items()}
-    result = {"sweep": args.sweep, "cpus": os.cpu_count(), "repeats": args.repeats, "arms": summary}
+    result = {"sweep": args.sweep, "cpus": os.cpu_count(), "repeats": args.repeats,
+              "max_concurrent": args.max_concurrent, "arms": summary}
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    print(f"sweep={Path(args.sweep).name} runs={summary['pool on']['runs']} cpus={os.cpu_count()} repeats={args.repeats}")
+    print(f"sweep={Path(args.sweep).name} runs={summary['pool on']['runs']} cpus={os.cpu_count()} repeats={args.repeats} "
+          f"max_concurrent={args.max_concurrent or 'default'}")
     print("| actors | sum of round time (s) | sweep wall (s) | wall / rounds | overhead per run, fresh actors (s) | "
           "overhead per run, warm actors (s) |")
     print("|---|---|---|---|---|---|")
@@ -86,6 +95,12 @@ def main() -> None:
         warm = f"{r['overhead_warm_s']:.2f} ({r['warm_runs']:.0f} runs)" if r["warm_runs"] else "—"
         cold = f"{r['overhead_cold_s']:.2f} ({r['cold_runs']:.0f} runs)" if r["cold_runs"] else "—"
         print(f"| {name} | {r['round_s']:.2f} | {r['wall_s']:.2f} | {r['ratio']:.2f} | {cold} | {warm} |")
+    if args.per_run:
+        print("\n| arm | run | actors | wall (s) | rounds (s) | overhead (s) |\n|---|---|---|---|---|---|")
+        for name, r in summary.items():
+            for run in r["per_run"]:
+                print(f"| {name} | {run['run_id']} | {'warm' if run['warm'] else 'fresh'} | {run['wall_s']:.3f} | "
+                      f"{run['round_s']:.3f} | {run['overhead_s']:.3f} |")
 
 
 if __name__ == "__main__":

@@ -99,7 +99,7 @@ def ray_rounds(cfg: Config, train: Any, test: Any, placement_group: Any = None, 
         actors = start_client_actors(cfg, placement_group)
         driver = DriverActor.options(**_pinned_options(placement_group)).remote()
         train_ref = [ray.put(train)]
-    if not warm:   # the training actors import torch and build the images while the driver actor starts and plans
+    if not warm:   # the training actors import torch and build the model while the driver actor starts and plans
         warm_actors(cfg, resolve_clipping(get_method(cfg.method), cfg), actors, train_ref)
     test_ref = [ray.put(test)]
     try:

@@ -3,10 +3,12 @@
 The pool has ``runtime.num_actors`` actors (default: as many as run at once on the cluster, at
 most one per client). Every actor can train every client: the run's train arrays are put into
 the object store once, so each node holds one copy that its actors read without copying, and a
-task names its client's shard (indices), whose rows the actor gathers from the float images it
-normalised once (:meth:`raysim.client.ClientRunner.train_images`). Each round the payload (global model, broadcast state) is ``ray.put`` once; the round's clients
-are balanced over as many actors per node as the run holds CPUs there, largest shard first, and
-each of those actors trains its share in one task.
+task names its client's shard (indices), whose rows the actor normalises to floats the first time
+it needs them and keeps (:meth:`raysim.client.ClientRunner.rows`). Each round the payload (global
+model, broadcast state) is ``ray.put`` once; the round's clients are balanced over as many actors
+per node as the run holds CPUs there, largest shard first, and each of those actors trains its
+share in one task. After the last round the idle actors evaluate a part of the test set each
+(:meth:`RayExecutor.evaluate`).
 
 Actors restart on failure (``max_restarts``) and Ray retries their in-flight tasks
 (``max_task_retries``); because client state lives on the server and every random stream is
@@ -84,9 +86,9 @@ def first_active(cfg: Config, actors: Sequence[Any]) -> list[Any]:
 
 
 def warm_actors(cfg: Config, clipping: str, actors: Sequence[Any], train_ref: list) -> list[Any]:
-    """Tell the actors that will train (:func:`first_active`) to import torch and build the run's float
-    images and model now, while the server starts and plans; returns the refs to wait on. The run's
-    executor re-targets them with its own token (a model rebuild; the images stay)."""
+    """Tell the actors that will train (:func:`first_active`) to import torch and build the run's model
+    now, while the server starts and plans; returns the refs to wait on. The run's executor re-targets
+    them with its own token (a model rebuild; the float rows normalised so far stay)."""
     setup = (f"warm-{uuid.uuid4().hex}", cfg, clipping, train_ref)
     return [a.warm.remote(setup) for a in first_active(cfg, actors)]
 
@@ -123,7 +125,7 @@ class RayExecutor:
             self._pending = [a.ready.remote() for a in self.actors]
             # The actors that train when they all land on one node (active_actors, which must wait for
             # them to start to know their nodes) warm up now: they import torch and build the run's
-            # model and float images while this process plans the run, not after.
+            # model while this process plans the run, not after.
             self._warming = [a.warm.remote(self.setup_ref) for a in first_active(cfg, self.actors)]
 
     def ready(self) -> None:

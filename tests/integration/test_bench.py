@@ -55,8 +55,10 @@ def test_sweep_overhead(tmp_path):
     sweep.write_text("name: tiny\nbase: {method: fedavg, rounds: 1, num_clients: 2, batch_size: 32,\n"
                      "  data: {name: digits, min_samples_per_client: 20, test_subsample: 100},\n"
                      "  runtime: {num_actors: 1, num_cpus_per_client: 0.5}}\ngrid: {seed: [0, 1]}\n")
-    out = json.loads(_run("sweep_overhead.py", "--sweep", str(sweep), "--json"))
+    out = json.loads(_run("sweep_overhead.py", "--sweep", str(sweep), "--max-concurrent", "1", "--json"))
     assert out["arms"]["pool on"]["runs"] == 2 and out["arms"]["pool off"]["runs"] == 2
+    runs = out["arms"]["pool on"]["per_run"]   # one run at a time: the first starts the actors, the second borrows them
+    assert [r["warm"] for r in runs] == [False, True] and all(r["overhead_s"] > 0 for r in runs)
 
 
 @pytest.mark.cluster
