@@ -55,8 +55,9 @@ class ClientRunner:
     row once, the first time a task needs it; 4 bytes a pixel, at most 614 MB for CIFAR-10), and one
     model. A task names its client's shard (:class:`ClientData`, indices into the shared arrays); the
     runner gathers that client's float rows for the task and drops the gathered copy after it, so
-    its memory does not grow past the one float copy of the split however many clients it trains. :meth:`configure` re-targets
-    the runner at another run on the same data (a warm actor reused by the next run of a sweep).
+    its memory never grows past one float copy of the split, however many clients it trains.
+    :meth:`configure` re-targets the runner at another run on the same data (a warm actor reused by
+    the next run of a sweep).
     """
 
     def __init__(self, cfg: Config, clipping: str, train: ArrayDataset) -> None:

@@ -117,7 +117,8 @@ class RayExecutor:
         self.eval_on = eval_where(cfg)
         self.eval_auto = cfg.runtime.eval_on == "auto"
         self.eval_batch_size = cfg.eval_batch_size
-        # id(x) -> (x, its object ref): x is kept so that its id cannot be reused by another tensor
+        # id(x) -> (x, the object refs of its parts, one per evaluating actor): x is kept so that its id
+        # cannot be reused by another array
         self._eval_sets: dict[int, tuple[Any, Any]] = {}
         self._warming: list[Any] = []
         if not self.actors:
