@@ -157,8 +157,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def execute_sweep(sweep: Sweep, todo: Sequence[Config], results_dir: str, args: argparse.Namespace) -> None:
-    """Run ``todo`` (runs of ``sweep``) in parallel on Ray with a progress bar (``args``: the sweep options)."""
+def execute_sweep(sweep: Sweep, todo: Sequence[Config], results_dir: str, args: argparse.Namespace,
+                  kept_pool: Any = None) -> None:
+    """Run ``todo`` (runs of ``sweep``) in parallel on Ray with a progress bar (``args``: the sweep options;
+    ``kept_pool``: a ``KeptPool`` whose warm actors outlive this sweep)."""
     from raysim.runtime import execute_row
     from raysim.runtime.sweep_runner import run_sweep
     progress = SweepProgress(sweep, todo, results_dir)
@@ -166,7 +168,7 @@ def execute_sweep(sweep: Sweep, todo: Sequence[Config], results_dir: str, args: 
         run_sweep(todo, results_dir, sweep.sweep_id,
                   run_one=functools.partial(execute_row, restart=True) if args.restart else execute_row,
                   address=args.address, max_concurrent=args.max_concurrent, retries=args.retries,
-                  reuse_actors=not args.fresh_actors, listener=progress)
+                  reuse_actors=not args.fresh_actors, listener=progress, kept_pool=kept_pool)
     except KeyboardInterrupt:
         progress.close()
         print("raysim: sweep interrupted; rerun the same command to resume it", file=sys.stderr)

@@ -22,9 +22,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_tune)
 
 
-def _run_stage(tune: Any, stage: str, runs: Sequence[Any], results_dir: str, args: argparse.Namespace
-               ) -> dict[str, dict[str, Any] | None]:
-    """Run one stage as a sweep: completed and diverged runs are not redone. Returns every run's row."""
+def _run_stage(tune: Any, stage: str, runs: Sequence[Any], results_dir: str, args: argparse.Namespace,
+               pool: list[Any]) -> dict[str, dict[str, Any] | None]:
+    """Run one stage as a sweep: completed and diverged runs are not redone. Returns every run's row.
+    The stages share one pool of warm actors: ``pool`` holds its ``KeptPool`` once a stage has run."""
     from raysim.sweep import check_sweep, read_statuses
     from raysim.tune import as_sweep, diverged
     sweep = as_sweep(tune, stage, runs)
@@ -35,7 +36,10 @@ def _run_stage(tune: Any, stage: str, runs: Sequence[Any], results_dir: str, arg
     print(f"tune {tune.name}, {stage}: {len(sweep.configs)} runs, {len(sweep.configs) - len(todo)} done, "
           f"{len(todo)} to run", flush=True)
     if todo and not args.dry_run:
-        execute_sweep(sweep, todo, results_dir, args)
+        if not pool:
+            from raysim.runtime.sweep_runner import KeptPool
+            pool.append(KeptPool())
+        execute_sweep(sweep, todo, results_dir, args, kept_pool=pool[0])
         rows = read_statuses(sweep, results_dir)
     return rows
 
@@ -147,17 +151,26 @@ def private_epsilons(tune: Any, runs: Sequence[Any], rows: Mapping[str, Mapping[
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from raysim.results import ResultsSink
-    from raysim.sweep import sweep_id_for
-    from raysim.tune import (choose, edge_choices, final_runs, load_tune, private_runs, released, search_runs,
-                             tuning_rows)
-    from raysim.tune.select import close_calls
+    from raysim.tune import load_tune
     check_sweep_options(args)
     tune = load_tune(args.tune, args.overrides, args.data_root, args.address)
     results_dir = args.results_dir if "://" in args.results_dir else os.path.abspath(args.results_dir)
+    pool: list[Any] = []
+    try:
+        return _tune(args, tune, results_dir, pool)
+    finally:
+        for kept in pool:
+            kept.close()
+
+
+def _tune(args: argparse.Namespace, tune: Any, results_dir: str, pool: list[Any]) -> int:
+    from raysim.results import ResultsSink
+    from raysim.sweep import sweep_id_for
+    from raysim.tune import choose, edge_choices, final_runs, private_runs, released, search_runs, tuning_rows
+    from raysim.tune.select import close_calls
     if tune.private:
         runs = private_runs(tune)
-        rows = _run_stage(tune, "private", runs, results_dir, args)
+        rows = _run_stage(tune, "private", runs, results_dir, args, pool)
         if args.dry_run:
             return 0
         best = released(tune, runs, rows)
@@ -166,7 +179,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         epsilons = private_epsilons(tune, runs, rows)
     else:
         runs = search_runs(tune)
-        rows = _run_stage(tune, "search", runs, results_dir, args)
+        rows = _run_stage(tune, "search", runs, results_dir, args, pool)
         if args.dry_run:
             print(f"tune {tune.name}, final: run after the search ({len(tune.contestants)} contestants × "
                   f"{len(tune.final_seeds)} final seeds, tuned and fixed)")
@@ -174,7 +187,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         chosen = choose(tune, runs, rows)
         print_candidates(tune, runs, rows, chosen)
         final = final_runs(tune, chosen)
-        rows = {**rows, **_run_stage(tune, "final", final, results_dir, args)}
+        rows = {**rows, **_run_stage(tune, "final", final, results_dir, args, pool)}
         chosen_ids = {r.run_id for r in runs if chosen[r.contestant] == r.candidate}
         chosen_ids |= {r.run_id for r in final}
         runs = runs + final

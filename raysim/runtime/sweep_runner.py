@@ -32,7 +32,7 @@ from raysim.runtime.driver import init_ray
 from raysim.runtime.pool import ActorPool
 from raysim.runtime.ray_executor import actor_count, cpus_per_actor
 
-__all__ = ["RunOutcome", "SweepListener", "run_sweep", "size_run"]
+__all__ = ["KeptPool", "RunOutcome", "SweepListener", "run_sweep", "size_run"]
 
 
 @dataclass
@@ -95,6 +95,28 @@ def _run_task(run_one: RunOne, cfg: Config, results_dir: str, sweep_id: str, pg:
     return run_one(cfg, results_dir, sweep_id=sweep_id, placement_group=pg, pool=pool)
 
 
+class KeptPool:
+    """A warm-actor pool kept across several sweeps of one process (the stages of a tune), so a later
+    sweep borrows the actors an earlier one left warm. Started by the first sweep that lends actors;
+    :meth:`close` ends it and its actors."""
+
+    def __init__(self) -> None:
+        self.handle: Any = None
+
+    def lend(self, pin: Any) -> Any:
+        if self.handle is None:
+            self.handle = ActorPool.options(scheduling_strategy=pin).remote()
+        return self.handle
+
+    def close(self) -> None:
+        if self.handle is not None:
+            handle, self.handle = self.handle, None
+            try:
+                ray.get(handle.shutdown.remote())
+            finally:
+                ray.kill(handle)
+
+
 def _error_text(exc: BaseException) -> str:
     cause = getattr(exc, "cause", None)   # RayTaskError wraps what the run raised
     if isinstance(cause, BaseException):
@@ -136,7 +158,7 @@ def _lost_to_the_cluster(exc: BaseException) -> bool:
 def run_sweep(configs: Sequence[Config], results_dir: str, sweep_id: str, *, run_one: RunOne,
               address: str | None = None, retries: int = 2, reuse_actors: bool = True,
               max_concurrent: int | None = None, listener: SweepListener | None = None,
-              poll_seconds: float = 1.0) -> list[RunOutcome]:
+              poll_seconds: float = 1.0, kept_pool: KeptPool | None = None) -> list[RunOutcome]:
     """Run ``configs`` in parallel; returns one outcome per config, in completion order.
 
     A failing run does not stop the others. A run lost to the cluster (its node died, its actors or
@@ -146,7 +168,8 @@ def run_sweep(configs: Sequence[Config], results_dir: str, sweep_id: str, *, run
     flight (default: as many of the largest runs as fit the cluster's current resources); groups
     that do not fit wait in Ray's queue, where an autoscaling cluster sees them and grows.
     ``reuse_actors`` lends runs warm actors from a pool (see the module docstring); ``run_one`` is
-    then also given ``pool=``.
+    then also given ``pool=``. The pool ends with the sweep, unless it is ``kept_pool``'s, which the
+    caller closes.
     """
     init_ray(address)
     here = ray.get_runtime_context().get_node_id()
@@ -160,9 +183,8 @@ def run_sweep(configs: Sequence[Config], results_dir: str, sweep_id: str, *, run
     outcomes: list[RunOutcome] = []
     attempts: dict[str, int] = {}
     warned = False
-    pool = None
-    if reuse_actors and any(plan.bundles for plan in plans):
-        pool = ActorPool.options(scheduling_strategy=pin).remote()
+    keeper = kept_pool if kept_pool is not None else KeptPool()
+    pool = keeper.lend(pin) if reuse_actors and any(plan.bundles for plan in plans) else None
 
     def launch(plan: _Planned, pg: Any) -> None:
         options: dict[str, Any] = {"scheduling_strategy": pin}
@@ -231,9 +253,6 @@ def run_sweep(configs: Sequence[Config], results_dir: str, sweep_id: str, *, run
                       file=sys.stderr, flush=True)
         raise
     finally:
-        if pool is not None:
-            try:
-                ray.get(pool.shutdown.remote())
-            finally:
-                ray.kill(pool)
+        if kept_pool is None:
+            keeper.close()
     return outcomes

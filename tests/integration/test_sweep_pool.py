@@ -38,3 +38,21 @@ def test_warm_actors_are_reused_and_results_equal_fresh_runs(ray_session, tmp_pa
         for got, want in zip(_tables(tmp_path / "pooled", run_id), _tables(reference, run_id)):
             assert len(got) > 0
             pd.testing.assert_frame_equal(got.drop(columns="run_id"), want.drop(columns="run_id"), check_exact=True)
+
+
+def test_a_kept_pool_lends_warm_actors_to_the_next_sweep(ray_session, tmp_path):
+    # The stages of a tune are sweeps in a row: the second borrows the actors the first left warm.
+    from raysim.runtime.sweep_runner import KeptPool
+    configs = [tiny_config(method="fedsa", seed=s, privacy__noise_multiplier=1.0, runtime__executor="ray",
+                           runtime__num_actors=2) for s in (0, 1)]
+    kept = KeptPool()
+    try:
+        first = run_sweep(configs[:1], str(tmp_path), "stage-1", run_one=execute_row, kept_pool=kept)
+        handle = kept.handle
+        second = run_sweep(configs[1:], str(tmp_path), "stage-2", run_one=execute_row, kept_pool=kept)
+        assert handle is not None and kept.handle is handle
+    finally:
+        kept.close()
+    assert kept.handle is None
+    runs = read_table(str(tmp_path), "runs").set_index("run_id")
+    assert runs.loc[[first[0].run_id, second[0].run_id], "warm_actors"].tolist() == [False, True]
