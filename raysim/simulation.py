@@ -371,6 +371,8 @@ class Simulation:
             self.weights = agg.global_weights
         t2 = time.perf_counter()
         self.privacy.record_round(tasks, participants)
+        if self.executor.overlaps:   # the clients train elsewhere: this process has time for the run's RDP curve
+            self.privacy.warm_rdp_curve(participants)
         t3 = time.perf_counter()
         return _Aggregated(sent, results, agg, t0, t1, t2, t3, self.planned_max_sigma())
 

@@ -53,6 +53,8 @@ class PrivacyBook:
         # ε per client, updated only for the clients whose ledger changed in a round.
         self.epsilons = np.full(cfg.num_clients, 0.0 if clipping != "none" else math.inf)
         self.max_sigma = max_planned(self.sigmas)
+        self._warmed: set[tuple[float, float]] = set()    # (q, σ) pairs whose RDP curves are being computed
+        self._warming: list[Any] = []                      # their futures (warm_rdp_curve)
 
     def plan_clients(self, client_ids: Sequence[int]) -> None:
         """Give every client of ``client_ids`` its σ (partial participation: calibrated on first use, for
@@ -88,10 +90,25 @@ class PrivacyBook:
         # Only the participants' ledgers changed; everyone else keeps the ε of an earlier round.
         self.epsilons[list(participants)] = epsilon_many([self.ledgers[cid] for cid in participants])
 
+    def warm_rdp_curve(self, participants: Sequence[int]) -> None:
+        """Start computing, in a background thread, the one-step RDP curves of the (q, σ) pairs the
+        participants' ledgers hold that no earlier call started: :meth:`rdp_curve` then sums cached
+        curves. For drivers with time to spare while clients train elsewhere."""
+        if self.clipping == "none":
+            return
+        from raysim.privacy.tuning import curve_pairs, warm_unit_curves
+        new = sorted(curve_pairs(self.ledgers[cid].events for cid in participants) - self._warmed)
+        if new:
+            self._warmed.update(new)
+            self._warming.append(warm_unit_curves(new))
+
     def rdp_curve(self) -> np.ndarray | None:
         """The pointwise maximum over clients of each client's RDP curve at
         :data:`raysim.privacy.tuning.ORDERS` (from its ledger's events)."""
+        import concurrent.futures
         from raysim.privacy.tuning import max_rdp_curve
+        concurrent.futures.wait(self._warming)   # not twice: a curve being warmed is cached when it is done
+        self._warming.clear()
         return max_rdp_curve(ledger.events for ledger in self.ledgers.values())
 
     def setup_sigmas(self) -> list[float]:
@@ -145,6 +162,9 @@ class PopulationBook:
         else:
             epsilon = plan.epsilon(self.rounds)
         self.epsilons[:] = epsilon
+
+    def warm_rdp_curve(self, participants: Sequence[int]) -> None:
+        """Nothing to start: the population's curve is one composition of its events, at the end."""
 
     def rdp_curve(self) -> np.ndarray | None:
         """The population's RDP curve at :data:`raysim.privacy.tuning.ORDERS` (Poisson or full cohorts;

@@ -57,6 +57,7 @@ import functools
 import json
 import math
 import numbers
+import concurrent.futures
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -71,6 +72,8 @@ __all__ = [
     "CandidateCount",
     "rdp_curve",
     "max_rdp_curve",
+    "curve_pairs",
+    "warm_unit_curves",
     "rdp_to_json",
     "rdp_from_json",
     "tuned_rdp",
@@ -125,7 +128,7 @@ def max_rdp_curve(event_lists: Iterable[Sequence[StepEvent]], orders: Sequence[f
     RDP composes additively, so each distinct ``(q, σ)`` is evaluated once, at one step (and cached), and a list's
     curve is the sum of ``count`` times those, added in :func:`rdp_curve`'s order (the same floats).
     """
-    order_key = tuple(float(o) for o in _orders_array(orders))
+    order_key = _order_key(orders)
     out = np.zeros(len(order_key))
     for events in event_lists:
         curve = np.zeros(len(order_key))
@@ -133,6 +136,35 @@ def max_rdp_curve(event_lists: Iterable[Sequence[StepEvent]], orders: Sequence[f
             curve += event.count * _unit_curve(event.sample_rate, event.noise_multiplier, order_key)
         out = np.maximum(out, curve)
     return out
+
+
+def _order_key(orders: Sequence[float]) -> tuple[float, ...]:
+    return tuple(float(o) for o in _orders_array(orders))
+
+
+@functools.lru_cache(maxsize=1)
+def _background() -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="raysim-rdp")
+
+
+def curve_pairs(event_lists: Iterable[Sequence[StepEvent]]) -> set[tuple[float, float]]:
+    """The (q, σ) pairs whose one-step curves :func:`max_rdp_curve` sums for ``event_lists``."""
+    return {(e.sample_rate, e.noise_multiplier) for events in event_lists for e in _merge(events)}
+
+
+def warm_unit_curves(pairs: Iterable[tuple[float, float]], orders: Sequence[float] = ORDERS
+                     ) -> concurrent.futures.Future:
+    """Compute the one-step curves of ``pairs`` (:func:`curve_pairs`) into :func:`max_rdp_curve`'s cache, in a
+    background thread of this process; returns its future. A driver whose clients train elsewhere
+    calls this as a run's (q, σ) pairs become known, so the curve after the last round is a sum of
+    cached curves instead of seconds of dp-accounting's series (the same floats either way)."""
+    key = _order_key(orders)
+    todo = list(pairs)
+
+    def warm() -> None:
+        for q, sigma in todo:
+            _unit_curve(q, sigma, key)
+    return _background().submit(warm)
 
 
 @functools.lru_cache(maxsize=4096)

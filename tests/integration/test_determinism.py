@@ -25,7 +25,7 @@ def _tables(folder) -> tuple[pd.DataFrame, pd.DataFrame]:
 def serial_tables(tmp_path_factory):
     folder = tmp_path_factory.mktemp("serial")
     execute(tiny_config(num_clients=10, method="fedsa", privacy__noise_multiplier=1.0), str(folder))
-    return _tables(folder)
+    return (*_tables(folder), read_table(str(folder), "runs")["rdp_epsilons"].tolist())
 
 
 @pytest.mark.parametrize("num_actors", [1, 3])
@@ -37,6 +37,8 @@ def test_ray_matches_serial_bitwise(ray_session, serial_tables, tmp_path, num_ac
     assert len(rounds) == 2 and len(clients) == 20
     pd.testing.assert_frame_equal(rounds, serial_tables[0], check_exact=True)
     pd.testing.assert_frame_equal(clients, serial_tables[1], check_exact=True)
+    # the Ray driver computes the run's RDP curve in the background as the rounds go: the same floats
+    assert read_table(str(tmp_path), "runs")["rdp_epsilons"].tolist() == serial_tables[2] != [None]
 
 
 def test_different_seed_differs(serial_tables, tmp_path):

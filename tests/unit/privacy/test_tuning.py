@@ -234,3 +234,16 @@ def test_bad_bound_inputs():
         tuned_epsilon(gaussian_curve(HAND_ORDERS), HAND_ORDERS, 0.0, count)
     with pytest.raises(ValueError, match="CandidateCount"):
         tuned_rdp(gaussian_curve(HAND_ORDERS), HAND_ORDERS, {"distribution": "poisson", "mean": 3})
+
+
+def test_warmed_unit_curves_are_the_ones_max_rdp_curve_sums():
+    from raysim.privacy.tuning import _unit_curve, curve_pairs, warm_unit_curves
+    lists = [[StepEvent(0.25, 1.3, 40), StepEvent(1.0, 5.0, 2)], [StepEvent(0.1, 0.9, 100)]]
+    _unit_curve.cache_clear()
+    cold = max_rdp_curve(lists)
+    _unit_curve.cache_clear()
+    warm_unit_curves(curve_pairs(lists)).result()
+    assert _unit_curve.cache_info().currsize == 3
+    hits = _unit_curve.cache_info().hits
+    np.testing.assert_array_equal(max_rdp_curve(lists), cold)
+    assert _unit_curve.cache_info().hits == hits + 3   # summed from the warmed curves, none computed again
