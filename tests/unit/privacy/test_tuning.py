@@ -247,3 +247,14 @@ def test_warmed_unit_curves_are_the_ones_max_rdp_curve_sums():
     hits = _unit_curve.cache_info().hits
     np.testing.assert_array_equal(max_rdp_curve(lists), cold)
     assert _unit_curve.cache_info().hits == hits + 3   # summed from the warmed curves, none computed again
+
+
+def test_orders_dp_accounting_leaves_out_are_inf_and_not_logged(caplog):
+    # At q = 0.33, σ = 1.94 the series of the orders 1.1-1.8 does not converge: dp_accounting leaves
+    # them out of the conversion (+inf) and warns once per order, which must not reach the console.
+    from raysim.privacy.tuning import _unit_curve
+    _unit_curve.cache_clear()
+    with caplog.at_level("WARNING"):
+        curve = rdp_curve([StepEvent(0.326531, 1.942755, 1)])
+    assert np.isinf(curve[ORDERS.index(1.1)]) and np.isfinite(curve[ORDERS.index(2.0)])
+    assert not [r for r in caplog.records if "failed to converge" in r.getMessage()]
