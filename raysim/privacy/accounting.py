@@ -52,10 +52,10 @@ rounds on the 2-core VM with ``python experiments/bench/accounting_round.py``.
 ``epsilon_many`` evaluates each distinct event list once. Calibration is a Brent search over
 ``compute_epsilon`` (about 10 evaluations): q = 0.0128, 7000 steps, epsilon 8 takes about 0.9 s
 with PLD and 0.45 s with RDP; a 100-entry sigma schedule (one event per round) takes about 90 s
-with PLD and 50 s with RDP, once per run. dp_accounting's RDP is slower for large q with small sigma, e.g. q >= 0.05 with sigma < 1: there the
-series of a fractional order near 1 may not converge, and dp_accounting leaves that order out (+inf in
-the curve) and logs a warning, which :class:`RDPAccountant` keeps off the console (a run's RDP curve
-meets dozens of them).
+with PLD and 50 s with RDP, once per run. dp_accounting's RDP is slower for large q with small
+sigma, e.g. q >= 0.05 with sigma < 1: there the series of a fractional order near 1 may not converge,
+and dp_accounting leaves that order out (+inf in the curve) and logs a warning, which
+:class:`RDPAccountant` keeps off the console (a run's RDP curve meets dozens of them).
 """
 
 from __future__ import annotations

@@ -53,11 +53,11 @@ generator, which in raysim is a :mod:`raysim.rng` stream.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import json
 import math
 import numbers
-import concurrent.futures
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -157,7 +157,8 @@ def warm_unit_curves(pairs: Iterable[tuple[float, float]], orders: Sequence[floa
     """Compute the one-step curves of ``pairs`` (:func:`curve_pairs`) into :func:`max_rdp_curve`'s cache, in a
     background thread of this process; returns its future. A driver whose clients train elsewhere
     calls this as a run's (q, σ) pairs become known, so the curve after the last round is a sum of
-    cached curves instead of seconds of dp-accounting's series (the same floats either way)."""
+    cached curves instead of dp-accounting's series at 100 orders for each pair (about 0.1 s each on
+    two cores), the same floats either way."""
     key = _order_key(orders)
     todo = list(pairs)
 
