@@ -158,7 +158,7 @@ def warm_unit_curves(pairs: Iterable[tuple[float, float]], orders: Sequence[floa
     background thread of this process; returns its future. A driver whose clients train elsewhere
     calls this as a run's (q, σ) pairs become known, so the curve after the last round is a sum of
     cached curves instead of dp-accounting's series at 100 orders for each pair (about 0.1 s each on
-    two cores), the same floats either way."""
+    the 2-core VM), the same floats either way."""
     key = _order_key(orders)
     todo = list(pairs)
 
