@@ -84,14 +84,22 @@ stamp("actors and driver actor started, run planned (set-up done)")
 it = iter(records)
 next(it)
 stamp("round 1 recorded")
-for _ in it:
-    pass
+next(it)
 stamp("round 2 recorded")
 # Ray's task timeline of the run: each actor call and its phases, from the launch (``ray.timeline``),
-# once the workers have flushed their last events (they send them about once a second).
-time.sleep(2)
-tasks = sorted((e["ts"] / 1e6 - t0, e["dur"] / 1e6, str(e.get("tid")), e["name"]) for e in ray.timeline()
-               if e.get("ph") == "X" and e.get("dur", 0) >= 50_000)
+# read before the run ends (ending it kills its actors, and a killed worker's unsent events are lost)
+# and once it stops growing (workers send their events about once a second; at most 20 s).
+events, deadline = [], time.time() + 20
+while time.time() < deadline:
+    time.sleep(2)
+    latest = [e for e in ray.timeline() if e.get("ph") == "X"]
+    if events and len(latest) == len(events):
+        break
+    events = latest
+tasks = sorted((e["ts"] / 1e6 - t0, e["dur"] / 1e6, str(e.get("tid")), e["name"]) for e in events
+               if e.get("dur", 0) >= 50_000)
+for _ in it:
+    pass
 print(json.dumps({"stamps": stamps, "tasks": tasks}))
 """
 
