@@ -29,17 +29,18 @@ METHODS = [spec.name for spec in all_methods()]
 
 
 def tiny(method: str, seed: int, rounds: int = 1, privacy: dict | None = None, partition: str = "dirichlet"):
-    """3 clients, 1 round, σ given (no calibration): for the determinism and release checks."""
+    """3 clients on 600 training images, 1 round, σ given (no calibration): for the determinism and
+    release checks."""
     return config_from_dict({"method": method, "rounds": rounds, "seed": seed, "num_clients": 3, "batch_size": 32,
                              "lr": 0.05, "privacy": privacy or {"noise_multiplier": 1.0},
                              "data": {"name": "digits", "partition": partition, "alpha": 0.5,
-                                      "min_samples_per_client": 20, "test_subsample": 100},
+                                      "min_samples_per_client": 20, "train_subsample": 600, "test_subsample": 100},
                              "runtime": {"executor": "serial"}})
 
 
 def calibrated(method: str):
     """The tiny run for 2 rounds with σ calibrated to ε = 8 (non-private methods too, made DP), on an IID
-    partition: clients of equal size share one calibration (each calibration costs seconds)."""
+    partition: its clients (200 images each) share one calibration (each calibration costs seconds)."""
     return tiny(method, 0, rounds=2, privacy={"epsilon": 8.0}, partition="iid")
 
 

@@ -69,24 +69,34 @@ def test_to_float_tensor_layout_and_values() -> None:
         to_float_tensor(x[..., :1], info)
 
 
-def test_real_cifar10(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+def _cifar10_root() -> Path:
     root = _real_data_root()
     if not sorted((root / "cifar10").glob("*train*.parquet")):
         pytest.skip(f"real CIFAR-10 Parquet files not found under {root / 'cifar10'} "
                     f"(set RAYSIM_TEST_DATA_ROOT to a folder holding cifar10/train-*.parquet)")
-    cache = tmp_path_factory.mktemp("cifar-cache")
-    train = load_dataset("cifar10", "train", str(root), cache_dir=str(cache))
-    assert train.x.shape == (50_000, 32, 32, 3) and train.x.dtype == np.uint8
-    assert np.array_equal(np.bincount(train.y), [5000] * 10)
-    # The JPEG copy is close to the official pixels (README: channel means 125.27/122.93/113.86).
-    assert np.allclose(train.x.mean(axis=(0, 1, 2)), [125.27, 122.93, 113.86], atol=0.02)
-    test = load_dataset("cifar10", "test", str(root), cache_dir=str(cache))
-    assert test.x.shape == (10_000, 32, 32, 3) and np.array_equal(np.bincount(test.y), [1000] * 10)
+    return root
+
+
+def test_real_cifar10_test_split_and_its_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = _cifar10_root()
+    test = load_dataset("cifar10", "test", str(root), cache_dir=str(tmp_path))
+    assert test.x.shape == (10_000, 32, 32, 3) and test.x.dtype == np.uint8
+    assert np.array_equal(np.bincount(test.y), [1000] * 10)
     import raysim.data.readers as readers
 
     def no_decode(*args, **kwargs):
         raise AssertionError("the second load must come from the .npy cache, not decode again")
 
     monkeypatch.setattr(readers, "read_source", no_decode)
-    cached = load_dataset("cifar10", "train", str(root), cache_dir=str(cache))
-    assert np.array_equal(cached.x, train.x) and np.array_equal(cached.y, train.y)
+    cached = load_dataset("cifar10", "test", str(root), cache_dir=str(tmp_path))
+    assert np.array_equal(cached.x, test.x) and np.array_equal(cached.y, test.y)
+
+
+@pytest.mark.slow   # decodes all 50,000 training images (about 11 s here)
+def test_real_cifar10_train_split(tmp_path: Path) -> None:
+    root = _cifar10_root()
+    train = load_dataset("cifar10", "train", str(root), cache_dir=str(tmp_path))
+    assert train.x.shape == (50_000, 32, 32, 3) and train.x.dtype == np.uint8
+    assert np.array_equal(np.bincount(train.y), [5000] * 10)
+    # The JPEG copy is close to the official pixels (README: channel means 125.27/122.93/113.86).
+    assert np.allclose(train.x.mean(axis=(0, 1, 2)), [125.27, 122.93, 113.86], atol=0.02)
