@@ -8,15 +8,16 @@ sweep's warm pool (:mod:`raysim.runtime.pool`) hands over actors that are alread
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import ray
 
-from raysim.algorithms.registry import get_method
-from raysim.config import Config
-from raysim.privacy.plan import resolve_clipping
-from raysim.runtime.ray_executor import RayExecutor, start_client_actors, warm_actors
-from raysim.simulation import RoundRecord, SetupRecord, Simulation
+from raysim.runtime.client_actor import ActorNeeds, start_client_actors, warm_actors
+
+if TYPE_CHECKING:
+    from raysim.config import Config
+    from raysim.runtime.ray_executor import RayExecutor
+    from raysim.simulation import RoundRecord, SetupRecord, Simulation
 
 
 @ray.remote(num_cpus=0)
@@ -30,6 +31,10 @@ class DriverActor:
 
     def open(self, cfg: Config, train_ref: list, test_ref: list, placement_group: Any = None,
              resume: bytes | None = None, actors: list | None = None, state_dir: str | None = None) -> SetupRecord:
+        # Imported here, not with the module: a sweep's pool actor receives this class (by value) to
+        # create driver actors, and must not load torch and the server side for it.
+        from raysim.runtime.ray_executor import RayExecutor
+        from raysim.simulation import Simulation
         self.executor = RayExecutor(placement_group, actors or ())
         self.sim = Simulation(cfg, ray.get(train_ref[0]), ray.get(test_ref[0]), self.executor, train_handle=train_ref,
                               state_dir=state_dir)
@@ -91,8 +96,9 @@ def ray_rounds(cfg: Config, train: Any, test: Any, placement_group: Any = None, 
     ``state_dir`` (where the driver actor spills client states) must be reachable from the driver
     actor's node: shared storage or a URI on a multi-node cluster, like the results folder."""
     if pool is not None:
-        driver, actors, warm = ray.get(pool.acquire.remote(cfg, DriverActor))
-        train_ref = ray.get(pool.data.remote(cfg, None if ray.get(pool.has_data.remote(cfg)) else [ray.put(train)]))
+        needs = ActorNeeds.of(cfg)
+        driver, actors, warm = ray.get(pool.acquire.remote(needs, DriverActor))
+        train_ref = ray.get(pool.data.remote(needs, None if ray.get(pool.has_data.remote(needs)) else [ray.put(train)]))
     else:
         warm = False
         # Client actors first, then the driver actor: their processes start while the data is put.
@@ -100,6 +106,8 @@ def ray_rounds(cfg: Config, train: Any, test: Any, placement_group: Any = None, 
         driver = DriverActor.options(**_pinned_options(placement_group)).remote()
         train_ref = [ray.put(train)]
     if not warm:   # the training actors import torch and build the model while the driver actor starts and plans
+        from raysim.algorithms.registry import get_method
+        from raysim.privacy.plan import resolve_clipping
         warm_actors(cfg, resolve_clipping(get_method(cfg.method), cfg), actors, train_ref)
     test_ref = [ray.put(test)]
     try:

@@ -20,13 +20,12 @@ from typing import Any
 
 import ray
 
-from raysim.config import Config
-from raysim.runtime.ray_executor import actor_count, start_client_actors
+from raysim.runtime.client_actor import ActorNeeds, actor_count, start_client_actors
 
 __all__ = ["ActorPool", "pool_key"]
 
 
-def pool_key(cfg: Config) -> str:
+def pool_key(cfg: ActorNeeds) -> str:
     """Runs with equal keys can share actors: same data, same per-actor resources and restart policy."""
     d, r = cfg.data, cfg.runtime
     return json.dumps({"data": [d.name, d.root, d.cache_dir, d.train_subsample], "actors": actor_count(cfg),
@@ -50,10 +49,10 @@ class ActorPool:
         self.kind: dict[Any, str] = {}               # actor (driver) -> key, for release
         self.starting: list[list[Any]] = []          # ready() pings of actors created but maybe not placed yet
 
-    def has_data(self, cfg: Config) -> bool:
+    def has_data(self, cfg: ActorNeeds) -> bool:
         return pool_key(cfg) in self.train
 
-    def data(self, cfg: Config, train_ref: list | None) -> list:
+    def data(self, cfg: ActorNeeds, train_ref: list | None) -> list:
         """The train arrays of ``cfg``'s kind (the first run's reference is kept, for the runs after it)."""
         key = pool_key(cfg)
         if key not in self.train:
@@ -62,7 +61,7 @@ class ActorPool:
             self.train[key] = train_ref
         return self.train[key]
 
-    def acquire(self, cfg: Config, driver_class: Any = None) -> tuple[Any, list[Any], bool]:
+    def acquire(self, cfg: ActorNeeds, driver_class: Any = None) -> tuple[Any, list[Any], bool]:
         """A driver actor and client actors for one run of ``cfg``'s kind, and whether they were warm.
         ``driver_class`` is the driver actor class (``raysim.runtime.driver.DriverActor``, passed in so that this module need not import the driver)."""
         key = pool_key(cfg)
@@ -129,3 +128,8 @@ class ActorPool:
     def shutdown(self) -> None:
         self.flush()
         self.train = {}
+
+    def modules(self) -> list[str]:
+        """Names in this process's ``sys.modules`` (the import-path test: it starts actors, and loads no torch)."""
+        import sys
+        return sorted(sys.modules)

@@ -32,65 +32,7 @@ from raysim.client import eval_where
 from raysim.config import Config
 from raysim.messages import ClientData, ClientResult, ClientTask, RoundPayload
 from raysim.metrics import summarize
-from raysim.runtime.client_actor import ClientActor
-
-
-def actor_count(cfg: Config, resources: dict[str, float] | None = None) -> int:
-    """Client actors of a run: ``runtime.num_actors``, else as many as the cluster runs at once
-    (its CPUs over ``num_cpus_per_client``, and its GPUs over ``num_gpus_per_client``); never more
-    than the clients, never fewer than one."""
-    r = cfg.runtime
-    if r.num_actors is not None:
-        return max(1, min(r.num_actors, cfg.num_clients))
-    resources = ray.cluster_resources() if resources is None else resources
-    fit = resources.get("CPU", 1.0) / (r.num_cpus_per_client or 1.0)
-    if r.num_gpus_per_client > 0:
-        fit = min(fit, resources.get("GPU", 0.0) / r.num_gpus_per_client)
-    return int(max(1, min(cfg.num_clients, math.floor(fit + 1e-9))))
-
-
-def cpus_per_actor(cfg: Config, num_actors: int) -> float:
-    """Configured CPUs per actor, or a share that fits every actor on the cluster at once (≤ 1)."""
-    if cfg.runtime.num_cpus_per_client is not None:
-        return float(cfg.runtime.num_cpus_per_client)
-    total = ray.cluster_resources().get("CPU", 1.0)
-    # Rounded *down*: 2 CPUs / 3 actors must not ask for 3 × 0.6667 > 2 (the last actor would never start).
-    return max(0.01, math.floor(min(1.0, total / num_actors) * 1e4) / 1e4)
-
-
-def start_client_actors(cfg: Config, placement_group: Any = None, restarts: bool = True) -> list[Any]:
-    """Request the run's pool of client actors (:func:`actor_count` of them); returns at once.
-
-    ``restarts=False`` (a sweep's warm pool) creates actors that Ray does not restart: a restarted
-    actor needs its resources again, and a pooled one outside any placement group could wait for
-    them forever behind idle actors; the sweep instead resumes the run from its checkpoint."""
-    num_actors = actor_count(cfg)
-    restarts_ = cfg.runtime.max_actor_restarts if restarts else 0
-    options: dict[str, Any] = {
-        "num_cpus": cpus_per_actor(cfg, num_actors), "num_gpus": cfg.runtime.num_gpus_per_client,
-        "max_restarts": restarts_, "max_task_retries": restarts_,
-    }
-    if placement_group is not None:
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(placement_group)
-    fraction = cfg.runtime.gpu_memory_fraction if cfg.runtime.num_gpus_per_client > 0 else None
-    return [ClientActor.options(**options).remote(fraction) for _ in range(num_actors)]
-
-
-def first_active(cfg: Config, actors: Sequence[Any]) -> list[Any]:
-    """The actors that train when all of ``actors`` land on one node (what :meth:`RayExecutor.active_actors`
-    finds there): all of them with GPU shares, else as many as the CPUs they hold."""
-    if cfg.runtime.num_gpus_per_client > 0:
-        return list(actors)
-    return list(actors[:max(1, math.floor(len(actors) * cpus_per_actor(cfg, len(actors)) + 0.05))])
-
-
-def warm_actors(cfg: Config, clipping: str, actors: Sequence[Any], train_ref: list) -> list[Any]:
-    """Tell the actors that will train (:func:`first_active`) to import torch and build the run's model
-    now, while the server starts and plans; returns the refs to wait on. The run's executor re-targets
-    them with its own token (a model rebuild; the float rows normalised so far stay)."""
-    setup = (f"warm-{uuid.uuid4().hex}", cfg, clipping, train_ref)
-    return [a.warm.remote(setup) for a in first_active(cfg, actors)]
+from raysim.runtime.client_actor import actor_count, cpus_per_actor, first_active, start_client_actors
 
 
 class RayExecutor:

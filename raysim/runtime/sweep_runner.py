@@ -30,7 +30,7 @@ from raysim.runtime.driver import init_ray
 # Imported here, not where it is used: in a Ray job's entrypoint, a module first imported after
 # ray.init() is not found in the job's working_dir (measured with `ray job submit --working-dir .`).
 from raysim.runtime.pool import ActorPool
-from raysim.runtime.ray_executor import actor_count, cpus_per_actor
+from raysim.runtime.client_actor import actor_count, cpus_per_actor
 
 __all__ = ["KeptPool", "RunOutcome", "SweepListener", "run_sweep", "size_run"]
 

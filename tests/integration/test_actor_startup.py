@@ -49,17 +49,46 @@ def _loaded(module: str, names: set[str]) -> bool:
     return module in names or any(name.startswith(module + ".") for name in names)
 
 
-@pytest.mark.parametrize("module", ["raysim.runtime.ray_executor", "raysim.runtime.client_actor"])
+#: Modules that load no torch by themselves: the client actor's (torch comes with its first task or
+#: ``warm``), and the pool's, which a sweep's pool actor runs to start actors.
+LIGHT = ("raysim.runtime.client_actor", "raysim.runtime.pool")
+
+
+@pytest.mark.parametrize("module", ["raysim.runtime.ray_executor", *LIGHT])
 def test_actor_module_import_path(module):
-    """What the executor's and the actor's modules pull in by themselves, pyarrow included; the
-    actor's module loads no torch either (it comes with the first task or ``warm``)."""
+    """What the executor's, the actor's and the pool's modules pull in by themselves, pyarrow included."""
     import subprocess
     import sys
     code = f"import sys, {module}; print(' '.join(sys.modules))"
     out = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
-    forbidden = FORBIDDEN + (("torch", "raysim.client") if module.endswith("client_actor") else ())
+    forbidden = FORBIDDEN + (("torch", "raysim.client") if module in LIGHT else ())
     present = [m for m in forbidden if _loaded(m, out)]
     assert not present, f"{module} imports {present}"
+
+
+def test_a_sweeps_pool_starts_actors_without_torch(ray_session):
+    """The pool actor lends a run its driver actor and client actors, creating them; it never trains,
+    so it loads no torch (its start is on the path of a sweep's first run). A whole Config would
+    import every method's module, torch with them: the pool is sent an ActorNeeds."""
+    from raysim.runtime.client_actor import ActorNeeds
+    from raysim.runtime.driver import DriverActor
+    from raysim.runtime.pool import ActorPool
+
+    cfg = config_from_dict({"method": "fedavg", "num_clients": 2,
+                            "runtime": {"executor": "ray", "num_actors": 2, "num_cpus_per_client": 0.5}})
+    pool = ActorPool.remote()
+    handles = []
+    try:
+        driver, actors, warm = ray_session.get(pool.acquire.remote(ActorNeeds.of(cfg), DriverActor))
+        handles = [driver, *actors]
+        assert not warm and len(actors) == 2
+        assert ray_session.get(driver.ready.remote()) and all(ray_session.get([a.ready.remote() for a in actors]))
+        loaded = set(ray_session.get(pool.modules.remote()))
+    finally:
+        for h in [*handles, pool]:
+            ray_session.kill(h)
+    present = [m for m in FORBIDDEN + ("torch", "raysim.client") if m != "pyarrow" and _loaded(m, loaded)]
+    assert not present, f"the pool actor imported {present}"
 
 
 def test_reserve_actors_stay_light(ray_session):
