@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from raysim.config import Config, DataConfig, RuntimeConfig
     from raysim.messages import ClientData, ClientResult, ClientTask, RoundPayload
 
-__all__ = ["ActorNeeds", "ClientActor", "actor_count", "cpus_per_actor", "first_active", "start_client_actors", "warm_actors"]
+__all__ = ["ActorNeeds", "ClientActor", "actor_count", "cpus_per_actor", "first_active", "start_client_actors",
+           "warm_actors"]
 
 
 @ray.remote
