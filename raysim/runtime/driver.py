@@ -31,8 +31,8 @@ class DriverActor:
 
     def open(self, cfg: Config, train_ref: list, test_ref: list, placement_group: Any = None,
              resume: bytes | None = None, actors: list | None = None, state_dir: str | None = None) -> SetupRecord:
-        # Imported here, not with the module: a sweep's pool actor receives this class (by value) to
-        # create driver actors, and must not load torch and the server side for it.
+        # Imported here, not with the module: a sweep's pool actor receives this class to create
+        # driver actors, and must not load torch and the server side for it.
         from raysim.runtime.ray_executor import RayExecutor
         from raysim.simulation import Simulation
         self.executor = RayExecutor(placement_group, actors or ())

@@ -50,13 +50,14 @@ def _loaded(module: str, names: set[str]) -> bool:
 
 
 #: Modules that load no torch by themselves: the client actor's (torch comes with its first task or
-#: ``warm``), and the pool's, which a sweep's pool actor runs to start actors.
-LIGHT = ("raysim.runtime.client_actor", "raysim.runtime.pool")
+#: ``warm``), and the pool's and the driver actor's, which a sweep's pool actor loads to start actors.
+LIGHT = ("raysim.runtime.client_actor", "raysim.runtime.pool", "raysim.runtime.driver")
 
 
 @pytest.mark.parametrize("module", ["raysim.runtime.ray_executor", *LIGHT])
 def test_actor_module_import_path(module):
-    """What the executor's, the actor's and the pool's modules pull in by themselves, pyarrow included."""
+    """What the executor's, the actor's, the pool's and the driver's modules pull in by themselves,
+    pyarrow included."""
     import subprocess
     import sys
     code = f"import sys, {module}; print(' '.join(sys.modules))"
