@@ -250,6 +250,55 @@ def test_calibration_with_decaying_schedule(accountant):
     assert compute_epsilon([StepEvent(q, sigma0, n) for q, n in shape], DELTA, accountant) < 0.99 * target
 
 
+def _search(curve, target, hint=None, tol=1e-4):
+    """``smallest_noise`` on ``curve``, with every σ it evaluated."""
+    seen: list[float] = []
+
+    def epsilon(sigma):
+        seen.append(sigma)
+        return curve(sigma)
+
+    return accounting.smallest_noise(epsilon, target, tolerance=tol, hint=hint), seen
+
+
+_CURVES = {
+    "power -1": lambda s: 3.0 / s,
+    "power -2": lambda s: 3.0 / s**2,
+    "steep then flat": lambda s: 50.0 * math.exp(-4.0 * s) + 0.2 / s,
+    # a staircase: flat pieces and jumps, as a coarse discretisation can make it
+    "staircase": lambda s: math.floor(400.0 / s) / 100.0,
+    # zero beyond a point (an accountant that reports no loss) and infinite below another
+    "zero and inf": lambda s: 0.0 if s > 4.0 else (math.inf if s < 0.05 else 2.0 / s),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_CURVES))
+@pytest.mark.parametrize("target", [0.3, 1.0, 8.0])
+@pytest.mark.parametrize("hint", [None, 0.01, 1.3, 300.0])
+def test_noise_search_brackets_the_crossing_within_tolerance(name, target, hint):
+    """The answer's ε was evaluated within target, and an evaluated σ within tol below it was not."""
+    curve = _CURVES[name]
+    sigma, seen = _search(curve, target, hint)
+    assert sigma in seen and curve(sigma) <= target
+    below = [s for s in seen if s < sigma]
+    assert below and curve(max(below)) > target and sigma / max(below) <= 1.0 + 1e-4
+    assert len(seen) <= 40
+
+
+@pytest.mark.parametrize("exponent", [1.0, 1.5, 2.0, 3.0])
+def test_noise_search_takes_few_evaluations_on_a_smooth_curve(exponent):
+    """ε close to a power law in σ (as the accountants' are near the target): interpolation finds the
+    crossing in a handful of evaluations, from a hint 20 % off or from no hint at all."""
+    def curve(s):
+        return 2.0 * s ** -exponent * (1.0 + 0.05 * math.log(s) ** 2)
+
+    root, _ = _search(curve, 1.5, tol=1e-12)
+    for hint in (None, 1.2 * root, root / 1.2):
+        sigma, seen = _search(curve, 1.5, hint)
+        assert sigma == pytest.approx(root, rel=1e-4)
+        assert len(seen) <= 6, (hint, seen)
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
