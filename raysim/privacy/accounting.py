@@ -486,7 +486,7 @@ def calibrate_noise_multiplier(
 
     ``events_shape`` lists the planned run as ``(sample_rate, count)`` entries; entry j is run with
     noise multiplier ``sigma * sigma_schedule[j]`` (all ``sigma`` when no schedule is given, e.g. a
-    decaying schedule ``gamma**t`` for DP-ACDN). The search is a bisection on ``compute_epsilon``
+    decaying schedule ``gamma**t`` for DP-ACDN). The search (``_smallest_feasible``) evaluates ``compute_epsilon``
     itself with the same accountant, so ``compute_epsilon(events, delta, accountant) <=
     target_epsilon`` holds exactly for the returned sigma, and sigma / (1 + tolerance) exceeds it.
     ``tolerance`` is relative. ``extra_events`` (releases whose noise does not scale with sigma, e.g.
