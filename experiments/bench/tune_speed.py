@@ -6,7 +6,8 @@ Writes a tune file (the quickstart with a 200-image validation hold-out, ``--lrs
 [0.05, 0.8], 2 tuning seeds, 5 final seeds) to a temporary folder and runs ``raysim tune`` on it as a
 user would (a subprocess with a fresh local Ray, results in a fresh folder), then reruns it. Reports
 the wall time of the first call (Ray start-up, search, final stage, tables), of the rerun (which must
-run nothing), the number of runs, the sum of the runs' own wall times and of their rounds.
+run nothing), the number of runs, the sum of the runs' own wall times and of their rounds, and each
+run's set-up time (``startup_seconds``: σ calibration, partition, model).
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ def main() -> None:
         "rerun_ran_nothing": all(line.endswith(" 0 to run") for line in stage_lines(second_pass)),
         "sum_run_wall_s": round(float(runs["wall_seconds"].sum()), 2),
         "sum_round_s": round(float(rounds["round_seconds"].sum()), 2),
+        # each run's set-up (σ calibration on a seed not calibrated before, partition, model)
+        "startup_s": sorted(round(float(s), 2) for s in runs["startup_seconds"]),
     }
     if args.json:
         print(json.dumps(out))
@@ -77,6 +80,7 @@ def main() -> None:
     print(f"  runs: {out['runs']}  tune wall: {out['tune_wall_s']:.1f} s  rerun wall: {out['rerun_wall_s']:.1f} s "
           f"(ran nothing: {out['rerun_ran_nothing']})")
     print(f"  sum of the runs' wall times: {out['sum_run_wall_s']:.1f} s  sum of their rounds: {out['sum_round_s']:.1f} s")
+    print(f"  the runs' set-up (s), sorted: {', '.join(f'{s:.2f}' for s in out['startup_s'])}")
 
 
 if __name__ == "__main__":
