@@ -51,9 +51,9 @@ side-channel Gaussian costs a median 11 ms with PLD (31 ms with RDP); with a σ 
 rounds on the 2-core VM with ``python experiments/bench/accounting_round.py``.
 ``epsilon_many`` evaluates each distinct event list once. Calibration interpolates log epsilon
 against log sigma (``_smallest_feasible``): q = 0.0128, 7000 steps, epsilon 8 takes 4 evaluations of
-``compute_epsilon``, 0.37 s of CPU, with PLD and 4, 0.23 s, with RDP; a 100-entry sigma schedule (one
-event per round, 70 steps at q = 0.0128 each, epsilon 8) takes 6 evaluations, 39.1 s, with PLD and
-7, 26.4 s, with RDP, once per run. dp_accounting's RDP is slower for large q with small
+``compute_epsilon``, 0.24-0.27 s of CPU, with PLD and 4, 0.13-0.18 s, with RDP (the command is in
+docs/performance.md, "Accounting"); a 100-entry sigma schedule (one event per round, 70 steps at
+q = 0.0128 each, epsilon 8) takes 6 evaluations, 39.1 s, with PLD and 7, 26.4 s, with RDP, once per run. dp_accounting's RDP is slower for large q with small
 sigma, e.g. q >= 0.05 with sigma < 1: there the series of a fractional order near 1 may not converge,
 and dp_accounting leaves that order out (+inf in the curve) and logs a warning, which
 :class:`RDPAccountant` keeps off the console (a run's RDP curve meets dozens of them).
