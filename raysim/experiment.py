@@ -132,6 +132,7 @@ def run_experiment(cfg: Config, results_dir: str, host: DriverHost, *, sweep_id:
             on_setup(setup)
         for rec in records:
             sink.write_round(run_id, rec.server_round, rec.round_row, rec.client_rows)
+            row.update(placement)   # a head-start run learns its actors' nodes once they are warm
             rr = rec.round_row
             best_acc, best_f1 = max(best_acc, rr["test_accuracy"]), max(best_f1, rr["test_f1"])
             row.update(rounds_completed=rec.server_round, final_test_accuracy=rr["test_accuracy"],

@@ -15,17 +15,32 @@ from raysim.config import Config
 if TYPE_CHECKING:
     from raysim.experiment import DriverHost, RunSummary
 
-__all__ = ["driver_host_for", "execute", "execute_row"]
+__all__ = ["driver_host_for", "execute", "execute_row", "head_starts"]
 
 
 def driver_host_for(cfg: Config, placement_group: Any = None, pool: Any = None) -> "DriverHost":
-    """The driver host ``runtime.executor`` names: serial (in process) or Ray (``runtime.address``);
-    ``pool`` is a sweep's warm-actor pool (Ray only)."""
+    """The driver host ``runtime.executor`` names: serial (in process), or Ray: a driver actor
+    (``runtime.address``), or this process with a head start (:func:`head_starts`); ``pool`` is a
+    sweep's warm-actor pool (Ray only)."""
     if cfg.runtime.executor == "serial":
         from raysim.runtime.serial import InProcessDriverHost
         return InProcessDriverHost()
+    if head_starts(cfg, placement_group, pool):
+        from raysim.runtime.head_start import HeadStartHost
+        return HeadStartHost()
     from raysim.runtime.driver import RayDriverHost
     return RayDriverHost(cfg.runtime.address, placement_group, pool)
+
+
+def head_starts(cfg: Config, placement_group: Any = None, pool: Any = None) -> bool:
+    """Whether a Ray run trains its first clients in this process while it starts a local Ray
+    (``runtime.head_start``, :mod:`raysim.runtime.head_start`): only where this process would start
+    that Ray itself (no address, no Ray running here, not a sweep's run) and clients train on CPUs."""
+    import os
+    import ray
+    r = cfg.runtime
+    return (r.head_start and r.num_gpus_per_client == 0 and placement_group is None and pool is None
+            and not r.address and not os.environ.get("RAY_ADDRESS") and not ray.is_initialized())
 
 
 def execute(cfg: Config, results_dir: str, *, placement_group: Any = None, pool: Any = None,

@@ -172,11 +172,10 @@ def _end(driver: Any, pool: Any, actors: list, ok: bool) -> None:
 
 
 def run_placement(driver: Any) -> dict[str, str]:
-    """Where a run executes: node ids of its client actors (JSON list, actor order) and of the
-    process that writes its rows. Call before iterating the rounds (the actor serves one call at a time)."""
-    import json
-    nodes = [p["node_id"] for p in ray.get(driver.placements.remote())]
-    return {"client_nodes": json.dumps(nodes), "writer_node": ray.get_runtime_context().get_node_id()}
+    """:func:`~raysim.runtime.ray_executor.placement_row` of the driver actor's run, whose rows this
+    process writes. Call before iterating the rounds (the actor serves one call at a time)."""
+    from raysim.runtime.ray_executor import placement_row
+    return placement_row(ray.get(driver.placements.remote()))
 
 
 class RayDriverHost:

@@ -21,6 +21,7 @@ needs it; ``tests/integration/test_actor_startup.py`` checks ``sys.modules`` ins
 
 from __future__ import annotations
 
+import json
 import math
 import uuid
 from typing import Any, Sequence
@@ -33,6 +34,14 @@ from raysim.config import Config
 from raysim.messages import ClientData, ClientResult, ClientTask, RoundPayload
 from raysim.metrics import summarize
 from raysim.runtime.client_actor import actor_count, cpus_per_actor, first_active, start_client_actors
+
+
+def placement_row(placements: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """Where a run executes, as the runs table records it: the node ids of its client actors (JSON list,
+    actor order; ``placements`` as :meth:`RayExecutor.placements` gives them) and of this process, which
+    writes the rows."""
+    return {"client_nodes": json.dumps([p["node_id"] for p in placements]),
+            "writer_node": ray.get_runtime_context().get_node_id()}
 
 
 class RayExecutor:
@@ -81,6 +90,20 @@ class RayExecutor:
             self._pending = []
             ray.get(self._warming + [a.warm.remote(self.setup_ref) for a in self.active_actors()])
             self._warming = []
+
+    def poll(self) -> bool:
+        """Whether :meth:`ready` would return without waiting (every actor started, the active ones
+        warm); raises what an actor failed with."""
+        if not self._pending:
+            return True
+        waiting = self._pending + self._warming
+        done, _ = ray.wait(waiting, num_returns=len(waiting), timeout=0)
+        if len(done) < len(waiting):
+            for ref in done:
+                ray.get(ref)   # an actor that failed to start or warm fails the run now
+            return False
+        self.ready()
+        return True
 
     #: Clients train in other processes: the simulation evaluates round t while round t+1 trains.
     overlaps = True
@@ -151,6 +174,10 @@ class RayExecutor:
 
     def placements(self) -> list[dict[str, Any]]:
         return ray.get([a.where.remote() for a in self.actors])
+
+    def run_placement(self) -> dict[str, str]:
+        """:func:`placement_row` of this executor's actors, for a run whose rows this process writes."""
+        return placement_row(self.placements())
 
     def detach(self) -> list[Any]:
         """Hand the actors over (to a sweep's warm pool) instead of killing them at shutdown."""

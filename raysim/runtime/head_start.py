@@ -1,0 +1,148 @@
+"""Head start: a run's first clients train in the launching process while a fresh local Ray starts.
+
+A ``raysim run`` on a machine without a running Ray starts one, then its client actors, which import
+torch and build the model: seconds in which the launching process, which already holds the data, the
+model and the plan, would otherwise wait. With ``runtime.head_start`` (the default) and no Ray to
+join, the run's server runs in the launching process (as with the serial executor), and
+:class:`HeadStartExecutor` trains each round's clients here, one after another on a thread, while
+the main thread starts Ray and the actors. Once the actors are warm, the clients of the round not
+yet begun go to them, and every later round runs on Ray. A client's result does not depend on
+where it trained (the serial executor gives the same bits as the actors at one
+``runtime.torch_threads``), so the tables are those of a run that waited for Ray;
+``tests/integration/test_head_start.py`` checks it.
+
+Runs that join a Ray (``--address``, ``$RAY_ADDRESS``, a Ray job), sweeps and clients with GPU shares
+keep the driver actor (:class:`raysim.runtime.driver.RayDriverHost`).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+from raysim.client import ClientRunner, eval_where
+from raysim.config import Config
+from raysim.messages import ClientData, ClientResult, ClientTask, RoundPayload
+from raysim.simulation import RoundRecord, SetupRecord, Simulation
+
+if TYPE_CHECKING:
+    from raysim.runtime.ray_executor import RayExecutor
+
+
+class HeadStartExecutor:
+    """Trains here until the Ray actors it starts are warm, then on them (module docstring)."""
+
+    def __init__(self) -> None:
+        self.runner: ClientRunner | None = None
+        self.remote: RayExecutor | None = None
+        self.on_ray = False
+        self.placement: dict[str, Any] = {"warm_actors": False}
+        self._started = threading.Event()
+        self._release = threading.Event()   # set once Ray is shut down: the starting thread may end
+        self._start_error: BaseException | None = None
+
+    def start(self, cfg: Config, clipping: str, train: Any) -> None:
+        self.cfg, self.clipping, self.train = cfg, clipping, train
+        self.runner = ClientRunner(cfg, clipping, train)
+        threading.Thread(target=self._start_ray, name="raysim-ray-start", daemon=True).start()
+
+    def _start_ray(self) -> None:
+        """Start a local Ray and the run's actors, then stay alive: the kernel ends Ray's processes when
+        the thread that started them exits (Ray asks for that with ``PR_SET_PDEATHSIG``, which follows
+        the parent thread), and Ray then takes seconds to shut down."""
+        try:
+            from raysim.runtime.driver import init_ray
+            from raysim.runtime.ray_executor import RayExecutor
+            init_ray(None)
+            remote = RayExecutor()
+            remote.start(self.cfg, self.clipping, self.train)
+            self.remote = remote
+        except BaseException as exc:   # raised in the main thread by _on_ray
+            self._start_error = exc
+        finally:
+            self._started.set()
+        self._release.wait()
+
+    def ready(self) -> None:
+        """Nothing to wait for: the first clients train here."""
+
+    @property
+    def overlaps(self) -> bool:
+        """Round t+1 trains while round t is evaluated once the clients train on Ray."""
+        return self.on_ray
+
+    def submit(self, payload: RoundPayload, tasks: Sequence[ClientTask], clients: Sequence[ClientData]) -> Any:
+        if self._on_ray():
+            return "ray", self.remote.submit(payload, tasks, clients)
+        return "here", (payload, tasks, clients)
+
+    def collect(self, handle: Any) -> list[ClientResult]:
+        """The results of :meth:`submit`, sorted by client id: a round submitted before the actors were
+        warm trains here, client after client, until they are, and its remaining clients on them."""
+        kind, work = handle
+        if kind == "ray":
+            return self.remote.collect(work)
+        assert self.runner is not None, "start() first"
+        payload, tasks, clients = work
+        results = []
+        for j in range(len(tasks)):
+            if self._on_ray():
+                results += self.remote.collect(self.remote.submit(payload, tasks[j:], clients[j:]))
+                break
+            results.append(self.runner.train(payload, tasks[j], clients[j]))
+        return sorted(results, key=lambda r: r.client_id)
+
+    def _on_ray(self) -> bool:
+        """Whether the clients now train on Ray (the actors are warm); raises what starting Ray failed with."""
+        if self.on_ray or not self._started.is_set():
+            return self.on_ray
+        if self._start_error is not None:
+            raise RuntimeError(f"starting a local Ray failed: {self._start_error}") from self._start_error
+        if self.remote is not None and self.remote.poll():
+            self.on_ray = True
+            self.placement.update(self.remote.run_placement())
+        return self.on_ray
+
+    def evaluate(self, weights: Any, x: Any, y: Any, num_classes: int, idle: bool = False) -> Any:
+        if self._on_ray():
+            return self.remote.evaluate(weights, x, y, num_classes, idle)
+        assert self.runner is not None, "start() first"
+        return self.runner.evaluate(weights, x, y, num_classes) if eval_where(self.cfg) == "actor" else None
+
+    def shutdown(self) -> None:
+        """Shut down the Ray this executor started, its actors with it (once started: a run may end
+        before Ray is up)."""
+        self._started.wait()
+        import ray
+        ray.shutdown()
+        self._release.set()
+        self.remote = self.runner = None
+        self.on_ray = False
+
+
+class _Rounds:
+    """The round records; the actors are killed when the stream ends or is closed."""
+
+    def __init__(self, sim: Simulation, executor: HeadStartExecutor) -> None:
+        self.sim, self.executor = sim, executor
+
+    def __iter__(self) -> Iterator[RoundRecord]:
+        try:
+            yield from self.sim.run()
+        finally:
+            self.executor.shutdown()
+
+    def close(self) -> None:
+        self.executor.shutdown()
+
+
+class HeadStartHost:
+    """Runs the simulation in this process, its clients here until a fresh local Ray's actors are warm."""
+
+    def start(self, cfg: Config, train: Any, test: Any, resume: bytes | None = None,
+              state_dir: str | None = None) -> tuple[SetupRecord, Iterator[RoundRecord], dict[str, Any]]:
+        executor = HeadStartExecutor()
+        sim = Simulation(cfg, train, test, executor, state_dir=state_dir)
+        if resume is not None:
+            sim.restore(resume)
+        return sim.setup, _Rounds(sim, executor), executor.placement
