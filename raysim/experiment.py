@@ -69,7 +69,8 @@ class RunSummary:
 
 class DriverHost(Protocol):
     """Where a run's simulation (the server loop, the driver) executes, chosen once by the caller and passed in:
-    in this process (``raysim.runtime.serial.InProcessDriverHost``) or in a driver actor on Ray
+    in this process (``raysim.runtime.serial.InProcessDriverHost``; ``raysim.runtime.head_start.HeadStartHost``,
+    whose clients move to Ray actors once they are warm) or in a driver actor on Ray
     (``raysim.runtime.driver.RayDriverHost``); ``raysim.runtime.driver_host_for`` picks one from
     ``runtime.executor``. Where the clients train is the ``Executor`` (what pfl-research calls a backend).
     Nothing here imports the runtime."""

@@ -24,9 +24,19 @@ Measured in one run, in this order:
   executor in this process at ``--serial-threads`` torch threads, then Ray (one local Ray for the
   whole benchmark, the run's default actors). A round's time is the wall time between two
   consecutive round records; round 1 is left out and the median of the rest is reported.
-* per variant, ``first round``: a fresh ``raysim run`` process with 2 rounds on a fresh local Ray
-  (``start_s``: from launching the process until the run's set-up is done and round 1 is about to be
-  dispatched: imports, data, Ray, actors, the plan; ``first_round_s``: until round 1's record).
+* per variant, ``fresh`` and ``fresh_waiting``: a fresh ``raysim run`` process with ``1 + --timed-rounds``
+  rounds that starts its own local Ray, with its default head start (the first clients train in that
+  process while Ray and the actors start, then the actors take over) and with
+  ``runtime.head_start=false`` (a driver actor, once Ray and the actors are up), one after the other,
+  after the benchmark's own Ray is shut down:
+  ``start_s``, from launching the process until the run's set-up is done (imports, data, the plan;
+  without the head start also Ray and the actors); ``first_round_s``, until round 1's record;
+  ``rounds_s``, the wall time between consecutive round records after it (``round_s``, their median;
+  with the head start, the first of them may still train in that process); ``process_wall_s``, until
+  the process exits.
+
+The ``ray`` run is what a sweep's run or a run joining a cluster does (a driver actor); the ``fresh``
+run is what ``raysim run`` does on a machine without a running Ray.
 
 Every time is printed with its ratio to the floor.
 """
@@ -63,8 +73,9 @@ VARIANTS = [("nodp", "no DP", ["privacy.epsilon=null"]), ("record", "record-leve
 
 DIGITS = ["num_clients=25", "clients_per_round=10", "data.min_samples_per_client=10"]
 
-# ``--trace-startup``: the steps of ``raysim run`` one by one in a fresh process, each stamped with the wall
-# clock from the launch (argv[1]); argv[2:] are --set overrides, then the data root last.
+# ``--trace-startup``: the steps of a driver-actor run's start-up (``raysim run`` with
+# ``runtime.head_start=false``) one by one in a fresh process, each stamped with the wall clock from the
+# launch (argv[1]); argv[2:] are --set overrides, then the data root last.
 _TRACE = """
 import json, sys, time
 t0, stamps = float(sys.argv[1]), []
@@ -103,17 +114,17 @@ for _ in it:
 print(json.dumps({"stamps": stamps, "tasks": tasks}))
 """
 
-# Run inside the child process of the first-round measurement: the CLI itself, with the progress
-# display's two callbacks stamped with the wall clock (setup done, round 1 recorded).
+# Run inside the child process of the fresh-run measurement: the CLI itself, with the progress
+# display's two callbacks stamped with the wall clock (setup done, each round recorded).
 _CHILD = """
 import json, sys, time
-stamps = {}
+stamps = {"rounds": []}
 import raysim.progress as progress
 setup, round_ = progress.RunProgress.setup, progress.RunProgress.round
 def on_setup(self, s):
     stamps.setdefault("setup", time.time()); return setup(self, s)
 def on_round(self, r):
-    stamps.setdefault("round", time.time()); return round_(self, r)
+    stamps["rounds"].append(time.time()); return round_(self, r)
 progress.RunProgress.setup, progress.RunProgress.round = on_setup, on_round
 from raysim.cli import main
 code = main(sys.argv[2:])
@@ -194,12 +205,14 @@ def timed_run(cfg, data, folder: str) -> dict:
             "startup_s": float(summary.row.get("startup_seconds") or 0.0), "accuracy": summary.row["final_test_accuracy"]}
 
 
-def first_round(args: argparse.Namespace, overrides: list[str], folder: str) -> dict:
-    """A fresh ``raysim run`` process (fresh local Ray): launch to set-up done, and to round 1's record."""
+def fresh_run(args: argparse.Namespace, overrides: list[str], folder: str, rounds: int) -> dict:
+    """A fresh ``raysim run`` process that starts its own local Ray: launch to set-up done, to round 1's
+    record, and the median time between later round records."""
+    os.makedirs(folder)
     stamp_file = os.path.join(folder, "stamps.json")
     cmd = [sys.executable, "-c", _CHILD, stamp_file, "run", str(args.config), "--results-dir",
            os.path.join(folder, "results"), *(["--data-root", args.data_root] if args.data_root else []),
-           *[a for o in overrides + ["rounds=2"] for a in ("--set", o)]]
+           *[a for o in overrides + [f"rounds={rounds}"] for a in ("--set", o)]]
     import raysim
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(Path(raysim.__file__).resolve().parents[1])}
     env.pop("RAY_ADDRESS", None)
@@ -209,7 +222,10 @@ def first_round(args: argparse.Namespace, overrides: list[str], folder: str) -> 
     if done.returncode != 0:
         raise SystemExit(f"cross_device: raysim run failed:\n{done.stderr[-3000:]}")
     stamps = json.loads(Path(stamp_file).read_text())
-    return {"start_s": stamps["setup"] - t0, "first_round_s": stamps["round"] - t0, "process_wall_s": wall}
+    ends = stamps["rounds"]
+    walls = [b - a for a, b in zip(ends, ends[1:])]
+    return {"start_s": stamps["setup"] - t0, "first_round_s": ends[0] - t0,
+            "round_s": statistics.median(walls) if walls else None, "rounds_s": walls, "process_wall_s": wall}
 
 
 def trace_startup(args: argparse.Namespace, overrides: list[str]) -> dict:
@@ -236,11 +252,11 @@ def main() -> None:
     ap.add_argument("--variants", default="nodp,record,client")
     ap.add_argument("--serial-threads", type=int, default=2)
     ap.add_argument("--floor-threads", type=int, default=2)
-    ap.add_argument("--no-first-round", action="store_true", help="skip the fresh-process first-round measurement")
+    ap.add_argument("--no-first-round", action="store_true", help="skip the fresh `raysim run` processes")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
     ap.add_argument("--trace-startup", action="store_true",
-                    help="only time the steps of a fresh run's start-up (first variant of --variants), one by one, "
-                         "and print Ray's task timeline of that run")
+                    help="only time the steps of a fresh driver-actor run's start-up (first variant of --variants), "
+                         "one by one, and print Ray's task timeline of that run")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     args.dataset = args.dataset or ("cifar10" if args.data_root else "digits")
@@ -270,6 +286,8 @@ def main() -> None:
             print(f"| {at:.2f} | {took:.2f} | {workers[w]} | {name} |")
         return
 
+    import ray
+
     from raysim.experiment import prepare
     from raysim.runtime.driver import init_ray
 
@@ -292,12 +310,14 @@ def main() -> None:
             row["serial"] = timed_run(serial_cfg, data, os.path.join(tmp, f"{key}-serial"))
             ray_cfg = make_config(args, overrides, rounds, executor="ray")
             row["ray"] = timed_run(ray_cfg, data, os.path.join(tmp, f"{key}-ray"))
-            if not args.no_first_round:
-                os.makedirs(os.path.join(tmp, f"{key}-fresh"))
-                row["fresh"] = first_round(args, overrides, os.path.join(tmp, f"{key}-fresh"))
             row["ray_over_floor"] = row["ray"]["round_s"] / fl
             row["serial_over_floor"] = row["serial"]["round_s"] / fl
             result["variants"][key] = row
+        ray.shutdown()   # the fresh runs start their own Ray, on a machine without another one
+        for key, row in ([] if args.no_first_round else result["variants"].items()):
+            row["fresh"] = fresh_run(args, row["overrides"], os.path.join(tmp, f"{key}-fresh"), rounds)
+            row["fresh_waiting"] = fresh_run(args, row["overrides"] + ["runtime.head_start=false"],
+                                             os.path.join(tmp, f"{key}-fresh-waiting"), rounds)
     if args.json:
         print(json.dumps(result, indent=2))
         return
@@ -306,15 +326,23 @@ def main() -> None:
           f"batch {base.batch_size}, {args.timed_rounds} timed rounds after the first, {os.cpu_count()} CPUs")
     print(f"compute floor: plain SGD, {f['threads']} threads, pre-built tensors: NCHW {f['nchw']:.3f} s, "
           f"channels-last {f['channels_last']:.3f} s per round; floor = {fl:.3f} s\n")
-    print("| variant | Ray round (s) | ×floor | serial round (s) | ×floor | start-up to round 1, fresh `raysim run` (s) "
-          "| ×floor | round 1 done (s) |")
-    print("|---|---|---|---|---|---|---|---|")
-    for key, row in result["variants"].items():
-        fresh = row.get("fresh")
-        start = f"{fresh['start_s']:.2f} | {fresh['start_s'] / fl:.2f} | {fresh['first_round_s']:.2f}" if fresh else "— | — | —"
+    print("| variant | Ray round, driver actor (s) | ×floor | serial round (s) | ×floor |")
+    print("|---|---|---|---|---|")
+    for row in result["variants"].values():
         print(f"| {row['name']} | {row['ray']['round_s']:.3f} | {row['ray_over_floor']:.2f} | "
-              f"{row['serial']['round_s']:.3f} | {row['serial_over_floor']:.2f} | {start} |")
-
+              f"{row['serial']['round_s']:.3f} | {row['serial_over_floor']:.2f} |")
+    if args.no_first_round:
+        return
+    print("\nA fresh `raysim run` (its own local Ray): launch to set-up done, to round 1's record and to the "
+          "process's exit; the wall time between later round records:\n")
+    print("| variant | start | set-up done (s) | ×floor | round 1 done (s) | rounds 2.. (s) | exit (s) |")
+    print("|---|---|---|---|---|---|---|")
+    for row in result["variants"].values():
+        for label, key in (("head start (default)", "fresh"), ("`runtime.head_start=false`", "fresh_waiting")):
+            f = row[key]
+            later = ", ".join(f"{w:.2f}" for w in f["rounds_s"])
+            print(f"| {row['name']} | {label} | {f['start_s']:.2f} | {f['start_s'] / fl:.2f} | "
+                  f"{f['first_round_s']:.2f} | {later} | {f['process_wall_s']:.1f} |")
 
 if __name__ == "__main__":
     main()

@@ -4,9 +4,9 @@ A ``raysim run`` on a machine without a running Ray starts one, then its client 
 torch and build the model: seconds in which the launching process, which already holds the data, the
 model and the plan, would otherwise wait. With ``runtime.head_start`` (the default) and no Ray to
 join, the run's server runs in the launching process (as with the serial executor), and
-:class:`HeadStartExecutor` trains each round's clients here, one after another on a thread, while
-the main thread starts Ray and the actors. Once the actors are warm, the clients of the round not
-yet begun go to them, and every later round runs on Ray. A client's result does not depend on
+:class:`HeadStartExecutor` trains each round's clients here, one after another, while a second
+thread starts Ray and the actors. Between two clients it checks whether the actors are warm; once
+they are, the clients of the round not yet begun go to them, and every later round runs on Ray. A client's result does not depend on
 where it trained (the serial executor gives the same bits as the actors at one
 ``runtime.torch_threads``), so the tables are those of a run that waited for Ray;
 ``tests/integration/test_head_start.py`` checks it.
@@ -114,14 +114,16 @@ class HeadStartExecutor:
         before Ray is up)."""
         self._started.wait()
         import ray
-        ray.shutdown()
-        self._release.set()
+        try:
+            ray.shutdown()
+        finally:
+            self._release.set()
         self.remote = self.runner = None
         self.on_ray = False
 
 
 class _Rounds:
-    """The round records; the actors are killed when the stream ends or is closed."""
+    """The round records; the run's Ray is shut down when the stream ends or is closed."""
 
     def __init__(self, sim: Simulation, executor: HeadStartExecutor) -> None:
         self.sim, self.executor = sim, executor
