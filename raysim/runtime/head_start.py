@@ -6,10 +6,11 @@ model and the plan, would otherwise wait. With ``runtime.head_start`` (the defau
 join, the run's server runs in the launching process (as with the serial executor), and
 :class:`HeadStartExecutor` trains each round's clients here, one after another, while a second
 thread starts Ray and the actors. Between two clients it checks whether the actors are warm; once
-they are, the clients of the round not yet begun go to them, and every later round runs on Ray. A client's result does not depend on
-where it trained (the serial executor gives the same bits as the actors at one
-``runtime.torch_threads``), so the tables are those of a run that waited for Ray;
-``tests/integration/test_head_start.py`` checks it.
+they are, the clients of the round not yet begun go to them, and every later round runs on Ray.
+A client's result does not depend on where it trained (the serial executor gives the same bits as
+the actors at one ``runtime.torch_threads``), so the tables are those of a run that waited for Ray;
+``tests/integration/test_head_start.py`` checks it. The run shuts down the Ray it started when it
+ends.
 
 Runs that join a Ray (``--address``, ``$RAY_ADDRESS``, a Ray job), sweeps and clients with GPU shares
 keep the driver actor (:class:`raysim.runtime.driver.RayDriverHost`).
