@@ -34,6 +34,8 @@ RUNS = pa.schema([
     ("client_nodes", STR), ("writer_node", STR),   # Ray node ids: client actors (JSON list), row writer
     ("startup_seconds", F64),                      # Simulation construction until every client worker is ready
     ("warm_actors", pa.bool_()),                   # Ray: actors borrowed from a sweep's warm pool
+    ("head_start_clients", I64),   # Ray with the head start: clients (one per round trained) trained in the
+                                   # launching process before the actors were warm; null without a head start
     ("rdp_epsilons", STR),   # DP runs: JSON list, max over clients of the RDP curve at raysim.privacy.tuning.ORDERS
 ])
 

@@ -37,7 +37,8 @@ class HeadStartExecutor:
         self.runner: ClientRunner | None = None
         self.remote: RayExecutor | None = None
         self.on_ray = False
-        self.placement: dict[str, Any] = {"warm_actors": False}
+        #: the runs row's placement fields, updated as the run goes (head_start_clients: clients trained here)
+        self.placement: dict[str, Any] = {"warm_actors": False, "head_start_clients": 0}
         self._started = threading.Event()
         self._release = threading.Event()   # set once Ray is shut down: the starting thread may end
         self._start_error: BaseException | None = None
@@ -91,6 +92,7 @@ class HeadStartExecutor:
                 results += self.remote.collect(self.remote.submit(payload, tasks[j:], clients[j:]))
                 break
             results.append(self.runner.train(payload, tasks[j], clients[j]))
+            self.placement["head_start_clients"] += 1
         return sorted(results, key=lambda r: r.client_id)
 
     def _on_ray(self) -> bool:

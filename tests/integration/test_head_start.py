@@ -67,6 +67,7 @@ def test_head_start_hands_over_mid_round_with_serial_bits(tmp_path):
     runs = read_table(str(tmp_path / "hs"), "runs")
     assert runs["status"].item() == "completed" and runs["epsilon"].item() <= 8.0
     assert len(json.loads(runs["client_nodes"].item())) >= 1 and runs["writer_node"].item()
+    assert runs["head_start_clients"].item() == 15
 
 
 class _StandIn(SerialExecutor):
@@ -127,5 +128,5 @@ def test_round_split_between_here_and_the_actors(monkeypatch, after):
     assert [_drop_timing(c) for c in clients] == [_drop_timing(c) for c in serial_clients]
     everyone = [(t, c) for t in (1, 2, 3) for c in range(4)]
     assert here == everyone[:min(after, 12)]
-    assert executor.placement == {"warm_actors": False, **({} if after >= 12 else
-                                                          {"client_nodes": '["stand-in"]', "writer_node": "stand-in"})}
+    assert executor.placement == {"warm_actors": False, "head_start_clients": min(after, 12),
+                                  **({} if after >= 12 else {"client_nodes": '["stand-in"]', "writer_node": "stand-in"})}
