@@ -114,6 +114,7 @@ def test_round_split_between_here_and_the_actors(monkeypatch, after):
 
     def start(self, *args):
         start_here(self, *args)
+        self._started.wait()   # the stand-in is up before the first client: no race with the first poll
         train = self.runner.train
         self.runner.train = lambda payload, task, client: (here.append((task.server_round, task.client_id)),
                                                             train(payload, task, client))[1]
