@@ -18,16 +18,18 @@ if TYPE_CHECKING:
 __all__ = ["driver_host_for", "execute", "execute_row", "head_starts"]
 
 
-def driver_host_for(cfg: Config, placement_group: Any = None, pool: Any = None) -> "DriverHost":
+def driver_host_for(cfg: Config, placement_group: Any = None, pool: Any = None,
+                    head_start: Any = None) -> "DriverHost":
     """The driver host ``runtime.executor`` names: serial (in process), or Ray: a driver actor
-    (``runtime.address``), or this process with a head start (:func:`head_starts`); ``pool`` is a
-    sweep's warm-actor pool (Ray only)."""
+    (``runtime.address``), or this process with a head start (:func:`head_starts`, or ``head_start``:
+    the :class:`~raysim.runtime.head_start.SweepRay` of a sweep's first run); ``pool`` is a sweep's
+    warm-actor pool (Ray only)."""
     if cfg.runtime.executor == "serial":
         from raysim.runtime.serial import InProcessDriverHost
         return InProcessDriverHost()
-    if head_starts(cfg, placement_group, pool):
+    if head_start is not None or head_starts(cfg, placement_group, pool):
         from raysim.runtime.head_start import HeadStartHost
-        return HeadStartHost()
+        return HeadStartHost(head_start)
     from raysim.runtime.driver import RayDriverHost
     return RayDriverHost(cfg.runtime.address, placement_group, pool)
 
@@ -44,14 +46,14 @@ def head_starts(cfg: Config, placement_group: Any = None, pool: Any = None) -> b
 
 
 def execute(cfg: Config, results_dir: str, *, placement_group: Any = None, pool: Any = None,
-            **kwargs: Any) -> "RunSummary":
+            head_start: Any = None, **kwargs: Any) -> "RunSummary":
     """Run ``cfg`` on the driver host it names (:func:`driver_host_for`); ``kwargs`` go to ``run_experiment``."""
     from raysim.experiment import run_experiment
-    return run_experiment(cfg, results_dir, driver_host_for(cfg, placement_group, pool), **kwargs)
+    return run_experiment(cfg, results_dir, driver_host_for(cfg, placement_group, pool, head_start), **kwargs)
 
 
 def execute_row(cfg: Config, results_dir: str, *, sweep_id: str | None = None, placement_group: Any = None,
-                pool: Any = None, restart: bool = False) -> dict[str, Any]:
+                pool: Any = None, head_start: Any = None, restart: bool = False) -> dict[str, Any]:
     """:func:`execute` returning the final runs row: the ``run_one`` a sweep is given."""
     return execute(cfg, results_dir, sweep_id=sweep_id, placement_group=placement_group, pool=pool,
-                   restart=restart).row
+                   head_start=head_start, restart=restart).row

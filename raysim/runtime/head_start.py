@@ -12,8 +12,13 @@ the actors at one ``runtime.torch_threads``), so the tables are those of a run t
 ``tests/integration/test_head_start.py`` checks it. The run shuts down the Ray it started when it
 ends.
 
-Runs that join a Ray (``--address``, ``$RAY_ADDRESS``, a Ray job), sweeps and clients with GPU shares
-keep the driver actor (:class:`raysim.runtime.driver.RayDriverHost`).
+A sweep that starts its own local Ray gives its first run the same head start: the run trains in a
+thread of the sweep's process while the sweep's main thread starts Ray, and its actors come from the
+sweep's warm-actor pool (:class:`SweepRay`, :mod:`raysim.runtime.sweep_runner`). Where the head start
+gets its Ray is its *Ray side*: :class:`LocalRay` (a ``raysim run``) or :class:`SweepRay`.
+
+Runs that join a Ray (``--address``, ``$RAY_ADDRESS``, a Ray job), a sweep's other runs and clients
+with GPU shares keep the driver actor (:class:`raysim.runtime.driver.RayDriverHost`).
 """
 
 from __future__ import annotations
@@ -30,17 +35,108 @@ if TYPE_CHECKING:
     from raysim.runtime.ray_executor import RayExecutor
 
 
-class HeadStartExecutor:
-    """Trains here until the Ray actors it starts are warm, then on them (module docstring)."""
+class LocalRay:
+    """The Ray side of a ``raysim run``: a fresh local Ray, started on the head start's thread, and the
+    run's own actors; shut down when the run ends."""
+
+    #: The starting thread stays alive until Ray is shut down: the kernel ends Ray's processes when the
+    #: thread that started them exits (Ray asks for that with ``PR_SET_PDEATHSIG``, which follows the
+    #: parent thread), and Ray then takes seconds to shut down.
+    parks = True
+
+    def start(self, cfg: Config, clipping: str, train: Any, ended: threading.Event) -> "RayExecutor":
+        from raysim.runtime.driver import init_ray
+        from raysim.runtime.ray_executor import RayExecutor
+        init_ray(None)
+        remote = RayExecutor()
+        remote.start(cfg, clipping, train)
+        return remote
+
+    def end(self, remote: "RayExecutor | None", ok: bool) -> None:
+        import ray
+        ray.shutdown()
+
+
+class SweepRay:
+    """The Ray side of a sweep's first run: the Ray that the sweep's main thread starts (:meth:`attach`
+    once it is up) and actors borrowed from the sweep's pool, which get them back when the run ends."""
+
+    parks = False
 
     def __init__(self) -> None:
+        self._up = threading.Event()
+        self.pool: Any = None
+        self._error: BaseException | None = None
+        self._lent: tuple[Any, list[Any]] | None = None
+
+    def attach(self, pool: Any) -> None:
+        """The sweep's Ray is up; ``pool`` lends the actors (None: fresh actors, killed at the end)."""
+        self.pool = pool
+        self._up.set()
+
+    def fail(self, error: BaseException) -> None:
+        """The sweep's Ray could not be started: the run fails with ``error`` instead of waiting."""
+        self._error = error
+        self._up.set()
+
+    def start(self, cfg: Config, clipping: str, train: Any, ended: threading.Event) -> "RayExecutor | None":
+        """The run's executor on the sweep's Ray, once it is up; None if the run ``ended`` meanwhile
+        (it borrows no actors then)."""
+        import ray
+        from raysim.runtime.client_actor import ActorNeeds
+        from raysim.runtime.ray_executor import RayExecutor
+        from raysim.runtime.sweep_runner import size_run
+        self._up.wait()
+        if self._error is not None:
+            raise self._error
+        if ended.is_set():
+            return None
+        cfg = size_run(cfg).cfg   # the per-actor CPUs the sweep's other runs of this kind ask for
+        if self.pool is None:
+            remote = RayExecutor()
+            remote.start(cfg, clipping, train)
+            return remote
+        needs = ActorNeeds.of(cfg)
+        driver, actors, warm = ray.get(self.pool.acquire.remote(needs))
+        self._lent = (driver, actors)
+        has_data = ray.get(self.pool.has_data.remote(needs))
+        train_ref = ray.get(self.pool.data.remote(needs, None if has_data else [ray.put(train)]))
+        remote = RayExecutor(None, actors, cold=not warm)
+        remote.start(cfg, clipping, train_ref)
+        return remote
+
+    def end(self, remote: "RayExecutor | None", ok: bool) -> None:
+        """Return the borrowed actors to the pool (kill them after a failure, or without a pool)."""
+        import ray
+        if self._lent is None:
+            if remote is not None:
+                remote.shutdown()
+            return
+        driver, actors = self._lent
+        self._lent = None
+        if remote is not None:
+            remote.detach()
+        if ok:
+            ray.get(self.pool.release.remote(driver, actors))
+            return
+        for handle in [driver, *actors] if driver is not None else actors:
+            ray.kill(handle)
+        ray.get(self.pool.discard.remote([driver, *actors]))
+
+
+class HeadStartExecutor:
+    """Trains here until the Ray actors that ``ray_side`` starts are warm, then on them (module docstring)."""
+
+    def __init__(self, ray_side: LocalRay | SweepRay | None = None) -> None:
+        self.side = ray_side if ray_side is not None else LocalRay()
         self.runner: ClientRunner | None = None
         self.remote: RayExecutor | None = None
         self.on_ray = False
         #: the runs row's placement fields, updated as the run goes (head_start_clients: clients trained here)
         self.placement: dict[str, Any] = {"warm_actors": False, "head_start_clients": 0}
         self._started = threading.Event()
-        self._release = threading.Event()   # set once Ray is shut down: the starting thread may end
+        self._ended = threading.Event()     # the run has ended: a Ray side not started yet need not start
+        self._release = threading.Event()   # set once the Ray side has ended: a parked starting thread may end
         self._start_error: BaseException | None = None
 
     def start(self, cfg: Config, clipping: str, train: Any) -> None:
@@ -49,21 +145,16 @@ class HeadStartExecutor:
         threading.Thread(target=self._start_ray, name="raysim-ray-start", daemon=True).start()
 
     def _start_ray(self) -> None:
-        """Start a local Ray and the run's actors, then stay alive: the kernel ends Ray's processes when
-        the thread that started them exits (Ray asks for that with ``PR_SET_PDEATHSIG``, which follows
-        the parent thread), and Ray then takes seconds to shut down."""
+        """Have the Ray side start the run's actors; then stay alive until the run ends if it must
+        (:attr:`LocalRay.parks`)."""
         try:
-            from raysim.runtime.driver import init_ray
-            from raysim.runtime.ray_executor import RayExecutor
-            init_ray(None)
-            remote = RayExecutor()
-            remote.start(self.cfg, self.clipping, self.train)
-            self.remote = remote
-        except BaseException as exc:   # raised in the main thread by _on_ray
+            self.remote = self.side.start(self.cfg, self.clipping, self.train, self._ended)
+        except BaseException as exc:   # raised in the training thread by _on_ray
             self._start_error = exc
         finally:
             self._started.set()
-        self._release.wait()
+        if self.side.parks:
+            self._release.wait()
 
     def ready(self) -> None:
         """Nothing to wait for: the first clients train here."""
@@ -100,7 +191,7 @@ class HeadStartExecutor:
         if self.on_ray or not self._started.is_set():
             return self.on_ray
         if self._start_error is not None:
-            raise RuntimeError(f"starting a local Ray failed: {self._start_error}") from self._start_error
+            raise RuntimeError(f"starting the run's Ray actors failed: {self._start_error}") from self._start_error
         if self.remote is not None and self.remote.poll():
             self.on_ray = True
             self.placement.update(self.remote.run_placement())
@@ -112,13 +203,13 @@ class HeadStartExecutor:
         assert self.runner is not None, "start() first"
         return self.runner.evaluate(weights, x, y, num_classes) if eval_where(self.cfg) == "actor" else None
 
-    def shutdown(self) -> None:
-        """Shut down the Ray this executor started, its actors with it (once started: a run may end
-        before Ray is up)."""
+    def shutdown(self, ok: bool = False) -> None:
+        """End the run's Ray side (once started: a run may end before Ray is up): shut down the Ray a
+        ``raysim run`` started, or give a sweep's pool its actors back (``ok``: the run completed)."""
+        self._ended.set()
         self._started.wait()
-        import ray
         try:
-            ray.shutdown()
+            self.side.end(self.remote, ok)
         finally:
             self._release.set()
         self.remote = self.runner = None
@@ -132,21 +223,27 @@ class _Rounds:
         self.sim, self.executor = sim, executor
 
     def __iter__(self) -> Iterator[RoundRecord]:
+        ok = False
         try:
             yield from self.sim.run()
+            ok = True
         finally:
-            self.executor.shutdown()
+            self.executor.shutdown(ok)
 
     def close(self) -> None:
         self.executor.shutdown()
 
 
 class HeadStartHost:
-    """Runs the simulation in this process, its clients here until a fresh local Ray's actors are warm."""
+    """Runs the simulation in this process, its clients here until the actors of its Ray side
+    (default :class:`LocalRay`) are warm."""
+
+    def __init__(self, ray_side: LocalRay | SweepRay | None = None) -> None:
+        self.ray_side = ray_side
 
     def start(self, cfg: Config, train: Any, test: Any, resume: bytes | None = None,
               state_dir: str | None = None) -> tuple[SetupRecord, Iterator[RoundRecord], dict[str, Any]]:
-        executor = HeadStartExecutor()
+        executor = HeadStartExecutor(self.ray_side)
         sim = Simulation(cfg, train, test, executor, state_dir=state_dir)
         if resume is not None:
             sim.restore(resume)

@@ -36,7 +36,8 @@ def pool_key(cfg: ActorNeeds) -> str:
 
 def _kill(handles: list[Any]) -> None:
     for h in handles:
-        ray.kill(h)
+        if h is not None:
+            ray.kill(h)
 
 
 @ray.remote(num_cpus=0)
@@ -63,19 +64,23 @@ class ActorPool:
 
     def acquire(self, cfg: ActorNeeds, driver_class: Any = None) -> tuple[Any, list[Any], bool]:
         """A driver actor and client actors for one run of ``cfg``'s kind, and whether they were warm.
-        ``driver_class`` is the driver actor class (``raysim.runtime.driver.DriverActor``, passed in so that this module need not import the driver)."""
+        ``driver_class`` is the driver actor class (``raysim.runtime.driver.DriverActor``, passed in so that
+        this module need not import the driver); without it (a sweep's head-start run, whose server runs in
+        the sweep's process) no driver actor is created, and the one returned may be None."""
         key = pool_key(cfg)
         idle = self.idle.get(key)
         while idle:
             driver, actors = idle.pop()
-            if self._alive([driver, *actors]):
-                self.kind[driver] = key
+            if self._alive([h for h in (driver, *actors) if h is not None]):
+                if driver is None and driver_class is not None:
+                    driver = driver_class.remote()
+                self.kind[actors[0]] = key
                 return driver, actors, True
         self._evict_other_kinds(key)
         actors = start_client_actors(cfg, restarts=False)
-        driver = driver_class.remote()
+        driver = driver_class.remote() if driver_class is not None else None
         self.starting.append([a.ready.remote() for a in actors])
-        self.kind[driver] = key
+        self.kind[actors[0]] = key
         return driver, actors, False
 
     @staticmethod
@@ -99,7 +104,8 @@ class ActorPool:
         self.idle = {}
 
     def release(self, driver: Any, actors: list[Any]) -> None:
-        key = self.kind.pop(driver)
+        """Take back what :meth:`acquire` lent (``driver`` may be None)."""
+        key = self.kind.pop(actors[0])
         if self._someone_waits():
             # Actors of another run are still waiting for resources: idle ones must not hold them.
             _kill([driver, *actors])
@@ -116,8 +122,10 @@ class ActorPool:
         return bool(still)
 
     def discard(self, handles: list[Any]) -> None:
+        """Forget a lease whose actors were killed (``handles``: its driver, if any, and client actors)."""
         for h in handles:
-            self.kind.pop(h, None)
+            if h is not None:
+                self.kind.pop(h, None)
 
     def _evict_other_kinds(self, key: str) -> None:
         # Idle actors of another kind hold CPUs that this run's new actors may need.

@@ -46,10 +46,12 @@ def placement_row(placements: Sequence[dict[str, Any]]) -> dict[str, str]:
 
 class RayExecutor:
     """Executor over a pool of Ray actors; ``placement_group`` (optional) co-locates a run's actors,
-    ``actors`` (optional) are actors already started on the same data (a sweep's warm pool)."""
+    ``actors`` (optional) are actors already started on the same data (a sweep's warm pool), or just
+    created by that pool when ``cold``: they are then waited for and warmed as the executor's own."""
 
-    def __init__(self, placement_group: Any = None, actors: Sequence[Any] = ()) -> None:
+    def __init__(self, placement_group: Any = None, actors: Sequence[Any] = (), cold: bool = False) -> None:
         self.actors: list[Any] = list(actors)
+        self.cold = cold or not self.actors
         self.placement_group = placement_group
         self.train_ref: list | None = None
         self._pending: list[Any] = []
@@ -74,6 +76,7 @@ class RayExecutor:
         self._warming: list[Any] = []
         if not self.actors:
             self.actors = start_client_actors(cfg, self.placement_group)
+        if self.cold:
             self._pending = [a.ready.remote() for a in self.actors]
             # The actors that train when they all land on one node (active_actors, which must wait for
             # them to start to know their nodes) warm up now: they import torch and build the run's

@@ -9,13 +9,20 @@ the results folder, is a zero-CPU task pinned to the node of the sweep's driver 
 under ``ray job submit``), so every row is written by one machine into one folder while the
 actors are spread over the cluster. At most ``max_concurrent`` placement groups are requested at
 a time; Ray reserves those that fit and the sweep starts a run when its group is ready.
+
+A sweep that starts its own local Ray does not wait for it to begin: its first run starts at once
+in a thread of this process with a head start (:func:`first_run_head_starts`,
+:class:`raysim.runtime.head_start.SweepRay`). It trains its first clients here while the main thread
+starts Ray and the pool, then moves to actors from the pool like any other run.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import sys
+import threading
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
@@ -83,9 +90,41 @@ def default_concurrency(plans: Sequence[_Planned], totals: dict[str, float]) -> 
 
 
 #: How a sweep runs one experiment: ``run_one(cfg, results_dir, sweep_id=..., placement_group=...)``
-#: returns the final runs row. The sweep receives it (``raysim.runtime.execute`` adapted by the CLI)
+#: returns the final runs row (with ``pool=`` when actors are pooled, and ``head_start=`` for a
+#: head-start first run). The sweep receives it (``raysim.runtime.execute_row``, adapted by the CLI)
 #: instead of importing the experiment module.
 RunOne = Callable[..., dict[str, Any]]
+
+
+def first_run_head_starts(cfg: Config, address: str | None) -> bool:
+    """Whether the sweep's first run starts in this process while the sweep starts its own local Ray:
+    as for ``raysim run`` (``runtime.head_start``, clients on CPUs of Ray actors), and only where no Ray
+    is there to join."""
+    r = cfg.runtime
+    return (r.executor == "ray" and r.head_start and r.num_gpus_per_client == 0 and not address and not r.address
+            and not os.environ.get("RAY_ADDRESS") and not ray.is_initialized())
+
+
+class _FirstRun:
+    """The sweep's first run, in a thread of this process with a head start (module docstring)."""
+
+    def __init__(self, run_one: RunOne, cfg: Config, results_dir: str, sweep_id: str) -> None:
+        from raysim.runtime.head_start import SweepRay
+        self.cfg = cfg
+        self.ray_side = SweepRay()
+        self.done = threading.Event()
+        self.row: dict[str, Any] | None = None
+        self.error: BaseException | None = None
+        threading.Thread(target=self._run, args=(run_one, results_dir, sweep_id), name="raysim-first-run",
+                         daemon=True).start()
+
+    def _run(self, run_one: RunOne, results_dir: str, sweep_id: str) -> None:
+        try:
+            self.row = run_one(self.cfg, results_dir, sweep_id=sweep_id, head_start=self.ray_side)
+        except BaseException as exc:   # reported by the sweep's loop, like a run task's error
+            self.error = exc
+        finally:
+            self.done.set()
 
 
 @ray.remote(num_cpus=0, max_retries=0)
@@ -171,20 +210,36 @@ def run_sweep(configs: Sequence[Config], results_dir: str, sweep_id: str, *, run
     then also given ``pool=``. The pool ends with the sweep, unless it is ``kept_pool``'s, which the
     caller closes.
     """
-    init_ray(address)
-    here = ray.get_runtime_context().get_node_id()
-    pin = NodeAffinitySchedulingStrategy(node_id=here, soft=False)
-    plans = [size_run(cfg) for cfg in configs]
-    totals = {k: float(v) for k, v in ray.cluster_resources().items()}
-    cap = max_concurrent or default_concurrency(plans, totals)
-    queue = deque(plans)
+    first = None
+    if configs and first_run_head_starts(configs[0], address):
+        first = _FirstRun(run_one, configs[0], results_dir, sweep_id)
+        if listener:
+            _notify(listener.started, run_id_for(first.cfg))
+    try:
+        init_ray(address)
+        here = ray.get_runtime_context().get_node_id()
+        pin = NodeAffinitySchedulingStrategy(node_id=here, soft=False)
+        plans = [size_run(cfg) for cfg in configs]
+        totals = {k: float(v) for k, v in ray.cluster_resources().items()}
+        cap = max_concurrent or default_concurrency(plans, totals)
+        keeper = kept_pool if kept_pool is not None else KeptPool()
+        pool = keeper.lend(pin) if reuse_actors and any(plan.bundles for plan in plans) else None
+    except BaseException as exc:
+        if first is not None:
+            first.ray_side.fail(exc)
+        raise
+    if first is not None:
+        first.ray_side.attach(pool)
+        first_plan: _Planned | None = plans[0]
+        queue = deque(plans[1:])
+    else:
+        first_plan = None
+        queue = deque(plans)
     waiting: dict[Any, tuple[_Planned, Any]] = {}    # pg.ready() ref -> (plan, pg)
     running: dict[Any, tuple[_Planned, Any]] = {}    # run task ref -> (plan, pg or None)
     outcomes: list[RunOutcome] = []
     attempts: dict[str, int] = {}
     warned = False
-    keeper = kept_pool if kept_pool is not None else KeptPool()
-    pool = keeper.lend(pin) if reuse_actors and any(plan.bundles for plan in plans) else None
 
     def launch(plan: _Planned, pg: Any) -> None:
         options: dict[str, Any] = {"scheduling_strategy": pin}
@@ -196,10 +251,46 @@ def run_sweep(configs: Sequence[Config], results_dir: str, sweep_id: str, *, run
         if listener:
             _notify(listener.started, run_id_for(plan.cfg))
 
+    def finish(plan: _Planned, pg: Any, result: Callable[[], dict[str, Any]]) -> None:
+        """Record the outcome of a run that ended (``result()`` returns its row or raises its error)."""
+        run_id = run_id_for(plan.cfg)
+        retry = False
+        try:
+            outcome = RunOutcome(run_id, "completed", row=result())
+        except Exception as exc:  # a failed run is reported, the sweep goes on
+            error = _error_text(exc)
+            row = _record_failure(results_dir, plan.cfg, sweep_id, error)
+            outcome = RunOutcome(run_id, "failed", row=row, error=error)
+            attempts[run_id] = attempts.get(run_id, 0) + 1
+            retry = _lost_to_the_cluster(exc) and attempts[run_id] <= retries
+            if retry:
+                print(f"raysim: run {run_id} was lost to the cluster ({error}); resuming it from its last "
+                      f"checkpoint (retry {attempts[run_id]} of {retries})", flush=True)
+                queue.append(plan)
+                if pool is not None:   # its actors may have died with a node: start the retry afresh
+                    ray.get(pool.flush.remote())
+        finally:
+            if pg is not None:
+                remove_placement_group(pg)
+        if retry:
+            return
+        outcomes.append(outcome)
+        if listener:
+            _notify(listener.finished, outcome)
+
+    def first_result() -> dict[str, Any]:
+        assert first is not None
+        if first.error is not None:
+            raise first.error
+        assert first.row is not None
+        return first.row
+
     try:
-        while queue or waiting or running:
-            while queue and len(waiting) + len(running) < cap:
+        while queue or waiting or running or first_plan is not None:
+            in_flight = len(waiting) + len(running) + (first_plan is not None)
+            while queue and in_flight < cap:
                 plan = queue.popleft()
+                in_flight += 1
                 if not _fits(plan, totals) and not warned:
                     warned = True
                     have = {k: totals.get(k, 0.0) for k in plan.demand}
@@ -210,42 +301,27 @@ def run_sweep(configs: Sequence[Config], results_dir: str, sweep_id: str, *, run
                     waiting[pg.ready()] = (plan, pg)
                 else:
                     launch(plan, None)
-            ready, _ = ray.wait([*waiting, *running], num_returns=1, timeout=poll_seconds)
+            if waiting or running:
+                ready, _ = ray.wait([*waiting, *running], num_returns=1, timeout=poll_seconds)
+            else:   # only the first run is in flight
+                ready = []
+                first.done.wait(poll_seconds)
             for ref in ready:
                 if ref in waiting:
                     launch(*waiting.pop(ref))
                     continue
                 plan, pg = running.pop(ref)
-                run_id = run_id_for(plan.cfg)
-                retry = False
-                try:
-                    outcome = RunOutcome(run_id, "completed", row=ray.get(ref))
-                except Exception as exc:  # a failed run is reported, the sweep goes on
-                    error = _error_text(exc)
-                    row = _record_failure(results_dir, plan.cfg, sweep_id, error)
-                    outcome = RunOutcome(run_id, "failed", row=row, error=error)
-                    attempts[run_id] = attempts.get(run_id, 0) + 1
-                    retry = _lost_to_the_cluster(exc) and attempts[run_id] <= retries
-                    if retry:
-                        print(f"raysim: run {run_id} was lost to the cluster ({error}); resuming it from its last "
-                              f"checkpoint (retry {attempts[run_id]} of {retries})", flush=True)
-                        queue.append(plan)
-                        if pool is not None:   # its actors may have died with a node: start the retry afresh
-                            ray.get(pool.flush.remote())
-                finally:
-                    if pg is not None:
-                        remove_placement_group(pg)
-                if retry:
-                    continue
-                outcomes.append(outcome)
-                if listener:
-                    _notify(listener.finished, outcome)
+                finish(plan, pg, lambda: ray.get(ref))
+            if first_plan is not None and first.done.is_set():
+                plan, first_plan = first_plan, None
+                finish(plan, None, first_result)
             if listener:
                 _notify(listener.tick, len(waiting) + len(queue))
             totals = {k: float(v) for k, v in ray.cluster_resources().items()}
     except BaseException as exc:   # the sweep itself stops (Ctrl-C, a driver error): every unfinished run says why
         why = f"sweep aborted before this run finished ({_error_text(exc)}); rerun the sweep to resume it"
-        for plan in [p for p, _ in running.values()] + [p for p, _ in waiting.values()] + list(queue):
+        unfinished = [p for p, _ in running.values()] + [p for p, _ in waiting.values()] + list(queue)
+        for plan in unfinished + ([first_plan] if first_plan is not None else []):
             try:
                 _record_failure(results_dir, plan.cfg, sweep_id, why)
             except Exception as record_exc:   # keep the original error; say what could not be recorded

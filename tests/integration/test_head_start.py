@@ -1,5 +1,6 @@
 """A `raysim run` that starts its own Ray trains its first clients in the launching process, then
-hands the rest to the actors: the tables are the serial executor's, bit for bit."""
+hands the rest to the actors: the tables are the serial executor's, bit for bit. A `raysim sweep`
+that starts its own Ray does the same with its first run, whose actors come from the sweep's pool."""
 
 from __future__ import annotations
 
@@ -21,30 +22,31 @@ from tests.helpers import tiny_config
 from tests.integration.test_determinism import TIMING, _tables
 
 QUICKSTART = str(REPO / "experiments" / "quickstart.yaml")
+SMOKE = str(REPO / "experiments" / "sweeps" / "smoke.yaml")
 ARGS = ["--set", "method=fedsa", "--set", "rounds=4"]
 
-#: ``raysim run`` with the hand-over made deterministic: the actors are waited for once 15 clients
-#: trained here (round 1's ten and the first five of round 2), and not looked at before.
-_RUN = textwrap.dedent("""
+#: ``raysim`` with the hand-over made deterministic: the actors are waited for once ``argv[1]``
+#: clients trained here, and not looked at before.
+_HANDS_OVER_AFTER = textwrap.dedent("""
     import json, sys
     import raysim.runtime.head_start as hs
-    here = []
+    here, after = [], int(sys.argv[1])
     train = hs.ClientRunner.train
     def counted(self, payload, task, client):
         here.append([task.server_round, task.client_id])
         return train(self, payload, task, client)
     hs.ClientRunner.train = counted
     on_ray = hs.HeadStartExecutor._on_ray
-    def after_15(self):
-        if len(here) < 15:
+    def after_n(self):
+        if len(here) < after:
             return False
         if not self.on_ray:
             self._started.wait()
             self.remote.ready()
         return on_ray(self)
-    hs.HeadStartExecutor._on_ray = after_15
+    hs.HeadStartExecutor._on_ray = after_n
     from raysim.cli import main
-    code = main(sys.argv[1:])
+    code = main(sys.argv[2:])
     print(json.dumps(here))
     sys.exit(code)
 """)
@@ -52,8 +54,9 @@ _RUN = textwrap.dedent("""
 
 @pytest.mark.cluster   # a Python subprocess that starts its own Ray
 def test_head_start_hands_over_mid_round_with_serial_bits(tmp_path):
-    done = subprocess.run([sys.executable, "-c", _RUN, "run", QUICKSTART, *ARGS, "--results-dir", str(tmp_path / "hs")],
-                          capture_output=True, text=True, cwd=REPO, timeout=600)
+    # 15 clients here: round 1's ten and the first five of round 2
+    done = subprocess.run([sys.executable, "-c", _HANDS_OVER_AFTER, "15", "run", QUICKSTART, *ARGS,
+                           "--results-dir", str(tmp_path / "hs")], capture_output=True, text=True, cwd=REPO, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     here = json.loads(done.stdout.strip().splitlines()[-1])
     assert [r for r, _ in here] == [1] * 10 + [2] * 5      # the rest of round 2, and rounds 3-4, on the actors
@@ -68,6 +71,31 @@ def test_head_start_hands_over_mid_round_with_serial_bits(tmp_path):
     assert runs["status"].item() == "completed" and runs["epsilon"].item() <= 8.0
     assert len(json.loads(runs["client_nodes"].item())) >= 1 and runs["writer_node"].item()
     assert runs["head_start_clients"].item() == 15
+
+
+@pytest.mark.cluster   # a Python subprocess that starts its own Ray
+def test_sweep_first_run_hands_over_to_pooled_actors_with_the_same_bits(tmp_path):
+    """The sweep's first run (its first grid point) trains 6 clients in the sweep's process (round 1's
+    four, two of round 2), then on actors from the pool; every run's tables equal those of the same
+    sweep without the head start."""
+    sweep_args = [SMOKE, "--set", "rounds=4", "--max-concurrent", "1"]
+    done = subprocess.run([sys.executable, "-c", _HANDS_OVER_AFTER, "6", "sweep", *sweep_args,
+                           "--results-dir", str(tmp_path / "hs")], capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    here = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [r for r, _ in here] == [1, 1, 1, 1, 2, 2]    # only the first run trained in this process
+    assert main(["sweep", *sweep_args, "--set", "runtime.head_start=false", "--results-dir", str(tmp_path / "actors")]) == 0
+    rounds, clients = _tables(tmp_path / "hs")
+    actor_rounds, actor_clients = _tables(tmp_path / "actors")
+    assert len(rounds) == 16 and len(clients) == 64
+    pd.testing.assert_frame_equal(rounds, actor_rounds, check_exact=True)
+    pd.testing.assert_frame_equal(clients, actor_clients, check_exact=True)
+    runs = read_table(str(tmp_path / "hs"), "runs").sort_values("start_time")
+    assert list(runs["status"]) == ["completed"] * 4
+    assert list(runs["head_start_clients"].fillna(0)) == [6, 0, 0, 0]
+    first = runs.iloc[0]
+    assert first["method"] == "fedavg" and first["alpha"] == 0.3 and len(json.loads(first["client_nodes"])) == 2
+    assert list(runs["warm_actors"].iloc[1:]) == [True] * 3   # the first run's actors went back to the pool
 
 
 class _StandIn(SerialExecutor):
