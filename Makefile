@@ -50,6 +50,7 @@ bench: install-dev
 	$(BIN)/python experiments/bench/stacked_clients.py
 	$(BIN)/python experiments/bench/round_overhead.py --dataset digits
 	$(BIN)/python experiments/bench/sweep_overhead.py
+	$(BIN)/python experiments/bench/first_run.py
 	$(BIN)/python experiments/bench/population.py --dataset digits --sizes 100 500
 	$(BIN)/python experiments/bench/adpc_sigma_h.py --config experiments/quickstart.yaml
 	$(BIN)/python experiments/bench/adpc_read.py

@@ -64,6 +64,9 @@ class SweepRay:
     parks = False
 
     def __init__(self) -> None:
+        #: set when the run asks for its actors (its data is loaded, its planning begins): the sweep
+        #: starts Ray then, so that Ray's start does not compete with the run's imports and data
+        self.wanted = threading.Event()
         self._up = threading.Event()
         self.pool: Any = None
         self._error: BaseException | None = None
@@ -86,6 +89,7 @@ class SweepRay:
         from raysim.runtime.client_actor import ActorNeeds
         from raysim.runtime.ray_executor import RayExecutor
         from raysim.runtime.sweep_runner import size_run
+        self.wanted.set()
         self._up.wait()
         if self._error is not None:
             raise self._error

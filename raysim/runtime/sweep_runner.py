@@ -216,6 +216,9 @@ def run_sweep(configs: Sequence[Config], results_dir: str, sweep_id: str, *, run
         if listener:
             _notify(listener.started, run_id_for(first.cfg))
     try:
+        if first is not None:   # Ray starts once the first run has loaded its data (SweepRay.wanted)
+            while not (first.ray_side.wanted.wait(0.05) or first.done.is_set()):
+                pass
         init_ray(address)
         here = ray.get_runtime_context().get_node_id()
         pin = NodeAffinitySchedulingStrategy(node_id=here, soft=False)

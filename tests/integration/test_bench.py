@@ -123,3 +123,9 @@ def test_cross_device_startup_trace():
     ends = [at for _, at in out["stamps"]]
     assert ends == sorted(ends) and out["stamps"][-1][0] == "round 2 recorded"
     assert "warm" in {name for *_, name in out["tasks"]}
+
+
+def test_first_run_times_both_arms():
+    out = json.loads(_run("first_run.py", "--commands", "sweep", "--repeats", "1", "--json"))
+    assert [(r["command"], r["head_start"]) for r in out["rows"]] == [("sweep", True), ("sweep", False)]
+    assert all(0 < r["setup_s"] <= r["round1_s"] <= r["exit_s"] for r in out["rows"])
