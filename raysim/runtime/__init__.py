@@ -22,7 +22,7 @@ def driver_host_for(cfg: Config, placement_group: Any = None, pool: Any = None,
                     head_start: Any = None) -> "DriverHost":
     """The driver host ``runtime.executor`` names: serial (in process), or Ray: a driver actor
     (``runtime.address``), or this process with a head start (:func:`head_starts`, or ``head_start``:
-    the :class:`~raysim.runtime.head_start.SweepRay` of a sweep's first run); ``pool`` is a sweep's
+    the :class:`~raysim.runtime.sweep_runner.SweepRay` of a sweep's first run); ``pool`` is a sweep's
     warm-actor pool (Ray only)."""
     if cfg.runtime.executor == "serial":
         from raysim.runtime.serial import InProcessDriverHost

@@ -14,8 +14,8 @@ ends.
 
 A sweep that starts its own local Ray gives its first run the same head start: the run trains in a
 thread of the sweep's process while the sweep's main thread starts Ray, and its actors come from the
-sweep's warm-actor pool (:class:`SweepRay`, :mod:`raysim.runtime.sweep_runner`). Where the head start
-gets its Ray is its *Ray side*: :class:`LocalRay` (a ``raysim run``) or :class:`SweepRay`.
+sweep's warm-actor pool. Where the head start gets its Ray is its *Ray side* (:class:`RaySide`):
+:class:`LocalRay` for a ``raysim run``, :class:`raysim.runtime.sweep_runner.SweepRay` for a sweep.
 
 Runs that join a Ray (``--address``, ``$RAY_ADDRESS``, a Ray job), a sweep's other runs and clients
 with GPU shares keep the driver actor (:class:`raysim.runtime.driver.RayDriverHost`).
@@ -24,7 +24,7 @@ with GPU shares keep the driver actor (:class:`raysim.runtime.driver.RayDriverHo
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Protocol, Sequence
 
 from raysim.client import ClientRunner, eval_where
 from raysim.config import Config
@@ -33,6 +33,21 @@ from raysim.simulation import RoundRecord, SetupRecord, Simulation
 
 if TYPE_CHECKING:
     from raysim.runtime.ray_executor import RayExecutor
+
+
+class RaySide(Protocol):
+    """Where a head-start run gets its Ray actors: :meth:`start` runs on the executor's second thread."""
+
+    #: whether that thread must stay alive until :meth:`end` (it started Ray's processes)
+    parks: bool
+
+    def start(self, cfg: Config, clipping: str, train: Any, ended: threading.Event) -> "RayExecutor | None":
+        """The run's executor on Ray (None: the run ``ended`` first and needs none)."""
+        ...
+
+    def end(self, remote: "RayExecutor | None", ok: bool) -> None:
+        """The run has ended (``ok``: completed): release what :meth:`start` took."""
+        ...
 
 
 class LocalRay:
@@ -57,81 +72,10 @@ class LocalRay:
         ray.shutdown()
 
 
-class SweepRay:
-    """The Ray side of a sweep's first run: the Ray that the sweep's main thread starts (:meth:`attach`
-    once it is up) and actors borrowed from the sweep's pool, which get them back when the run ends."""
-
-    parks = False
-
-    def __init__(self) -> None:
-        #: set when the run asks for its actors (its data is loaded, its planning begins): the sweep
-        #: starts Ray then, so that Ray's start does not compete with the run's imports and data
-        self.wanted = threading.Event()
-        self._up = threading.Event()
-        self.pool: Any = None
-        self._error: BaseException | None = None
-        self._lent: tuple[Any, list[Any]] | None = None
-
-    def attach(self, pool: Any) -> None:
-        """The sweep's Ray is up; ``pool`` lends the actors (None: fresh actors, killed at the end)."""
-        self.pool = pool
-        self._up.set()
-
-    def fail(self, error: BaseException) -> None:
-        """The sweep's Ray could not be started: the run fails with ``error`` instead of waiting."""
-        self._error = error
-        self._up.set()
-
-    def start(self, cfg: Config, clipping: str, train: Any, ended: threading.Event) -> "RayExecutor | None":
-        """The run's executor on the sweep's Ray, once it is up; None if the run ``ended`` meanwhile
-        (it borrows no actors then)."""
-        import ray
-        from raysim.runtime.client_actor import ActorNeeds
-        from raysim.runtime.ray_executor import RayExecutor
-        from raysim.runtime.sweep_runner import size_run
-        self.wanted.set()
-        self._up.wait()
-        if self._error is not None:
-            raise self._error
-        if ended.is_set():
-            return None
-        cfg = size_run(cfg).cfg   # the per-actor CPUs the sweep's other runs of this kind ask for
-        if self.pool is None:
-            remote = RayExecutor()
-            remote.start(cfg, clipping, train)
-            return remote
-        needs = ActorNeeds.of(cfg)
-        driver, actors, warm = ray.get(self.pool.acquire.remote(needs))
-        self._lent = (driver, actors)
-        has_data = ray.get(self.pool.has_data.remote(needs))
-        train_ref = ray.get(self.pool.data.remote(needs, None if has_data else [ray.put(train)]))
-        remote = RayExecutor(None, actors, cold=not warm)
-        remote.start(cfg, clipping, train_ref)
-        return remote
-
-    def end(self, remote: "RayExecutor | None", ok: bool) -> None:
-        """Return the borrowed actors to the pool (kill them after a failure, or without a pool)."""
-        import ray
-        if self._lent is None:
-            if remote is not None:
-                remote.shutdown()
-            return
-        driver, actors = self._lent
-        self._lent = None
-        if remote is not None:
-            remote.detach()
-        if ok:
-            ray.get(self.pool.release.remote(driver, actors))
-            return
-        for handle in [driver, *actors] if driver is not None else actors:
-            ray.kill(handle)
-        ray.get(self.pool.discard.remote([driver, *actors]))
-
-
 class HeadStartExecutor:
     """Trains here until the Ray actors that ``ray_side`` starts are warm, then on them (module docstring)."""
 
-    def __init__(self, ray_side: LocalRay | SweepRay | None = None) -> None:
+    def __init__(self, ray_side: RaySide | None = None) -> None:
         self.side = ray_side if ray_side is not None else LocalRay()
         self.runner: ClientRunner | None = None
         self.remote: RayExecutor | None = None
@@ -242,7 +186,7 @@ class HeadStartHost:
     """Runs the simulation in this process, its clients here until the actors of its Ray side
     (default :class:`LocalRay`) are warm."""
 
-    def __init__(self, ray_side: LocalRay | SweepRay | None = None) -> None:
+    def __init__(self, ray_side: RaySide | None = None) -> None:
         self.ray_side = ray_side
 
     def start(self, cfg: Config, train: Any, test: Any, resume: bytes | None = None,

@@ -11,8 +11,8 @@ actors are spread over the cluster. At most ``max_concurrent`` placement groups 
 a time; Ray reserves those that fit and the sweep starts a run when its group is ready.
 
 A sweep that starts its own local Ray does not wait for it to begin: its first run starts at once
-in a thread of this process with a head start (:func:`first_run_head_starts`,
-:class:`raysim.runtime.head_start.SweepRay`). It trains its first clients here while the main thread
+in a thread of this process with a head start (:func:`first_run_head_starts`, :class:`SweepRay`,
+:mod:`raysim.runtime.head_start`). It trains its first clients here while the main thread
 starts Ray and the pool, then moves to actors from the pool like any other run.
 """
 
@@ -25,7 +25,7 @@ import sys
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -38,6 +38,9 @@ from raysim.runtime.driver import init_ray
 # ray.init() is not found in the job's working_dir (measured with `ray job submit --working-dir .`).
 from raysim.runtime.pool import ActorPool
 from raysim.runtime.client_actor import actor_count, cpus_per_actor
+
+if TYPE_CHECKING:
+    from raysim.runtime.ray_executor import RayExecutor
 
 __all__ = ["KeptPool", "RunOutcome", "SweepListener", "run_sweep", "size_run"]
 
@@ -105,11 +108,78 @@ def first_run_head_starts(cfg: Config, address: str | None) -> bool:
             and not os.environ.get("RAY_ADDRESS") and not ray.is_initialized())
 
 
+class SweepRay:
+    """The Ray side of a sweep's first run: the Ray that the sweep's main thread starts (:meth:`attach`
+    once it is up) and actors borrowed from the sweep's pool, which get them back when the run ends."""
+
+    parks = False
+
+    def __init__(self) -> None:
+        #: set when the run asks for its actors (its data is loaded, its planning begins): the sweep
+        #: starts Ray then, so that Ray's start does not compete with the run's imports and data
+        self.wanted = threading.Event()
+        self._up = threading.Event()
+        self.pool: Any = None
+        self._error: BaseException | None = None
+        self._lent: tuple[Any, list[Any]] | None = None
+
+    def attach(self, pool: Any) -> None:
+        """The sweep's Ray is up; ``pool`` lends the actors (None: fresh actors, killed at the end)."""
+        self.pool = pool
+        self._up.set()
+
+    def fail(self, error: BaseException) -> None:
+        """The sweep's Ray could not be started: the run fails with ``error`` instead of waiting."""
+        self._error = error
+        self._up.set()
+
+    def start(self, cfg: Config, clipping: str, train: Any, ended: threading.Event) -> "RayExecutor | None":
+        """The run's executor on the sweep's Ray, once it is up; None if the run ``ended`` meanwhile
+        (it borrows no actors then)."""
+        from raysim.runtime.client_actor import ActorNeeds
+        from raysim.runtime.ray_executor import RayExecutor
+        self.wanted.set()
+        self._up.wait()
+        if self._error is not None:
+            raise self._error
+        if ended.is_set():
+            return None
+        cfg = size_run(cfg).cfg   # the per-actor CPUs the sweep's other runs of this kind ask for
+        if self.pool is None:
+            remote = RayExecutor()
+            remote.start(cfg, clipping, train)
+            return remote
+        needs = ActorNeeds.of(cfg)
+        driver, actors, warm = ray.get(self.pool.acquire.remote(needs))
+        self._lent = (driver, actors)
+        has_data = ray.get(self.pool.has_data.remote(needs))
+        train_ref = ray.get(self.pool.data.remote(needs, None if has_data else [ray.put(train)]))
+        remote = RayExecutor(None, actors, cold=not warm)
+        remote.start(cfg, clipping, train_ref)
+        return remote
+
+    def end(self, remote: "RayExecutor | None", ok: bool) -> None:
+        """Return the borrowed actors to the pool (kill them after a failure, or without a pool)."""
+        if self._lent is None:
+            if remote is not None:
+                remote.shutdown()
+            return
+        driver, actors = self._lent
+        self._lent = None
+        if remote is not None:
+            remote.detach()
+        if ok:
+            ray.get(self.pool.release.remote(driver, actors))
+            return
+        for handle in [driver, *actors] if driver is not None else actors:
+            ray.kill(handle)
+        ray.get(self.pool.discard.remote([driver, *actors]))
+
+
 class _FirstRun:
     """The sweep's first run, in a thread of this process with a head start (module docstring)."""
 
     def __init__(self, run_one: RunOne, cfg: Config, results_dir: str, sweep_id: str) -> None:
-        from raysim.runtime.head_start import SweepRay
         self.cfg = cfg
         self.ray_side = SweepRay()
         self.done = threading.Event()
