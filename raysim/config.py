@@ -111,8 +111,9 @@ class RuntimeConfig:
                                        # on their GPU shares if they have them) | auto (actor when clients have
                                        # GPUs, and on CPUs after the last round; else the driver)
     malloc_tuning: bool = True         # keep multi-MB buffers in the heap (raysim.allocator); speed only
-    head_start: bool = True            # a run that starts its own local Ray trains its first clients in the
-                                       # launching process until the actors are warm (raysim.runtime.head_start);
+    head_start: bool = True            # a run (or a sweep's first run) that starts its own local Ray trains its
+                                       # first clients in the launching process until the actors are warm
+                                       # (raysim.runtime.head_start);
                                        # speed only
 
 

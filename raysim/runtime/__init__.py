@@ -37,7 +37,8 @@ def driver_host_for(cfg: Config, placement_group: Any = None, pool: Any = None,
 def head_starts(cfg: Config, placement_group: Any = None, pool: Any = None) -> bool:
     """Whether a Ray run trains its first clients in this process while it starts a local Ray
     (``runtime.head_start``, :mod:`raysim.runtime.head_start`): only where this process would start
-    that Ray itself (no address, no Ray running here, not a sweep's run) and clients train on CPUs."""
+    that Ray itself (no address, no Ray running here, not a sweep's run task: a sweep's own first run
+    asks :func:`raysim.runtime.sweep_runner.first_run_head_starts`) and clients train on CPUs."""
     import os
     import ray
     r = cfg.runtime
