@@ -7,6 +7,8 @@ fresh folder), with the head start (the default, ``runtime.head_start=true``) an
 ``--set runtime.head_start=false``, alternating over ``--repeats``. From the files the first run
 writes it reports, counted from the launch:
 
+* ``started_s``: the first run has started (its runs row's ``start_time``: its data is loaded and its
+  row written, before its set-up: partition, σ calibration, model);
 * ``setup_s``: the first run is set up (its partitions file is written: data loaded, run planned,
   round 1 about to train);
 * ``round1_s``: the first round-1 record (its rounds file);
@@ -76,7 +78,10 @@ def launch(command: str, head_start: bool, folder: Path) -> dict:
     exit_s = round(time.time() - t0, 2)
     if done.returncode != 0:
         raise SystemExit(f"first_run: raysim {command} failed ({done.returncode}): {done.stderr.strip()[-1500:]}")
+    import pyarrow.parquet as pq
+    starts = pq.read_table(str(results / "runs"), columns=["start_time"]).column("start_time").to_pylist()
     return {"command": command, "head_start": head_start,
+            "started_s": round(min(t.timestamp() for t in starts) - t0, 2),
             "setup_s": first_mtime(str(results / "partitions" / "*.parquet"), t0),
             "round1_s": first_mtime(str(results / "rounds" / "*-r00001.parquet"), t0), "exit_s": exit_s}
 
@@ -104,15 +109,16 @@ def main() -> None:
     if args.json:
         print(json.dumps({"rows": rows}))
         return
-    print("Launch to the first run set up, to its round 1 recorded, and to the exit (s), fresh processes:")
-    print("| command | start | set-up done | round 1 done | exit | median set-up |")
-    print("|---|---|---|---|---|---|")
+    print("Launch to the first run started, set up, its round 1 recorded, and to the exit (s), fresh processes:")
+    print("| command | start | run started | set-up done | round 1 done | exit | median set-up |")
+    print("|---|---|---|---|---|---|---|")
     for command in commands:
         for head_start in (True, False):
             mine = [r for r in rows if r["command"] == command and r["head_start"] == head_start]
             label = "head start (default)" if head_start else "`runtime.head_start=false`"
             setups = [r["setup_s"] for r in mine if r["setup_s"] is not None]
-            print(f"| {command} | {label} | {', '.join(str(r['setup_s']) for r in mine)} | "
+            print(f"| {command} | {label} | {', '.join(str(r['started_s']) for r in mine)} | "
+                  f"{', '.join(str(r['setup_s']) for r in mine)} | "
                   f"{', '.join(str(r['round1_s']) for r in mine)} | {', '.join(str(r['exit_s']) for r in mine)} | "
                   f"{statistics.median(setups) if setups else '—'} |")
 

@@ -128,4 +128,4 @@ def test_cross_device_startup_trace():
 def test_first_run_times_both_arms():
     out = json.loads(_run("first_run.py", "--commands", "sweep", "--repeats", "1", "--json"))
     assert [(r["command"], r["head_start"]) for r in out["rows"]] == [("sweep", True), ("sweep", False)]
-    assert all(0 < r["setup_s"] <= r["round1_s"] <= r["exit_s"] for r in out["rows"])
+    assert all(0 < r["started_s"] <= r["setup_s"] <= r["round1_s"] <= r["exit_s"] for r in out["rows"])
