@@ -460,8 +460,10 @@ def run_audit(cfg: Config, canaries: int = 10000, guess_fraction: float = 0.1, c
     clipping = resolve_clipping(spec, cfg)
     if clipping == "none":
         raise ConfigError("nothing to audit: privacy.clipping=none makes no DP claim")
-    # In this process, no checkpoints, and the test set scored once at the end (nothing trains on it).
-    cfg = cfg.replace(runtime=dataclasses.replace(cfg.runtime, executor="serial", checkpoint_every=0),
+    # In this process, no checkpoints, each client's update kept, and the test set scored once at the end
+    # (nothing trains on it).
+    cfg = cfg.replace(runtime=dataclasses.replace(cfg.runtime, executor="serial", checkpoint_every=0,
+                                                  sum_on_actors=False),
                       eval_every=cfg.rounds)
     train, test = prepare(cfg)
     client = make_partition(cfg, train.y)[client_id]

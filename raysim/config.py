@@ -115,6 +115,10 @@ class RuntimeConfig:
                                        # first clients in the launching process until the actors are warm
                                        # (raysim.runtime.head_start);
                                        # speed only
+    sum_on_actors: bool = False        # each actor returns the weighted sum of its clients' updates instead of
+                                       # each update (methods whose server reads only that sum: FedAvg's rule);
+                                       # the weights stay within a float32 rounding of the per-update sum's,
+                                       # not bit for bit; runs wait for Ray (no head start) (docs/cluster.md)
 
 
 # --------------------------------------------------------------------------- method sections
@@ -559,8 +563,9 @@ _HASHED_UNLESS_DEFAULT = (("unit", "example"), ("mechanism", "gaussian"), ("nois
                           ("population_size", None))
 
 #: Runtime keys that change a run's results: the thread count moves sums in the last place (MKL splits
-#: small matmuls by it); every other runtime key only says where and how fast the run executes.
-RESULT_RUNTIME_KEYS = ("torch_threads",)
+#: small matmuls by it), and so does summing the updates on the actors (``sum_on_actors``, hashed only when
+#: on); every other runtime key only says where and how fast the run executes.
+RESULT_RUNTIME_KEYS = ("torch_threads", "sum_on_actors")
 
 
 #: ``(cfg, section name) -> bool``: whether the run ``cfg`` uses that method section (installed by the
@@ -592,6 +597,8 @@ def result_hash(cfg: Config) -> str:
     d = dataclasses.replace(cfg.data, root=None, cache_dir=None, download=False, server_holdout=server_holdout_size(cfg))
     values = config_to_dict(cfg.replace(data=d))
     values["runtime"] = {key: values["runtime"][key] for key in RESULT_RUNTIME_KEYS}
+    if not values["runtime"]["sum_on_actors"]:
+        del values["runtime"]["sum_on_actors"]
     for key, default in _HASHED_UNLESS_DEFAULT:
         if values["privacy"].get(key) == default:
             del values["privacy"][key]

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 
-from raysim.algorithms.registry import get_method, resolve_preset
+from raysim.algorithms.registry import all_methods, get_method, resolve_preset
 from raysim.config import Config, ConfigError, run_id_for
 from raysim.data import DATASETS, load_dataset
 from raysim.privacy.plan import epsilon_exceptions
@@ -31,6 +31,10 @@ def check_config(cfg: Config) -> Config:
     if cfg.privacy.engine not in ENGINES:
         raise ConfigError(f"config key 'privacy.engine': unknown value {cfg.privacy.engine!r}; "
                           f"choose one of {', '.join(sorted(ENGINES))}")
+    if cfg.runtime.sum_on_actors and not get_method(cfg.method).sums_updates:
+        able = ", ".join(sorted(s.name for s in all_methods() if s.sums_updates))
+        raise ConfigError(f"config key 'runtime.sum_on_actors': method {cfg.method!r}'s server reads each client's "
+                          f"update, so its actors cannot sum them; methods that can: {able}")
     return cfg
 
 

@@ -107,3 +107,7 @@ class ClientResult(_Wire):
     client_state: dict[str, Any] | None = None
     seconds: float = 0.0
     device: str = "cpu"               # where the client trained (its DP noise generator follows the device)
+    #: ‖Δw_i‖, computed where the client trained when its worker summed the round's updates
+    #: (``runtime.sum_on_actors``): ``delta`` is then empty and the sum travels instead
+    #: (:func:`raysim.algorithms.base.fold_updates`)
+    delta_norm: float | None = None

@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from raysim.algorithms.base import MethodContext
+from raysim.algorithms.base import MethodContext, fold_updates
 from raysim.algorithms.registry import get_method, resolve_preset
 from raysim.allocator import configure_process
 from raysim.client import eval_where
@@ -88,6 +88,9 @@ class Executor(Protocol):
         """Start training ``tasks`` (``clients[j]``: the shard of ``tasks[j]``); returns a handle for :meth:`collect`."""
     def collect(self, handle: Any) -> list[ClientResult]:
         """The results of a :meth:`submit`, sorted by client id."""
+    def take_sum(self) -> torch.Tensor:
+        """Under ``runtime.sum_on_actors``: the float64 Σ_i w_i Δ_i of the round just collected, which the
+        workers summed (:func:`raysim.algorithms.base.fold_updates`; its results carry no Δ)."""
     def evaluate(self, weights: torch.Tensor, x: Any, y: torch.Tensor, num_classes: int, idle: bool = False) -> Any:
         """Evaluate the global model on the workers (``runtime.eval_on``; ``idle``: no round is training
         meanwhile; ``x``: uint8 images (N, H, W, C) or normalised float tensors), or return None to
@@ -344,6 +347,7 @@ class Simulation:
         self._inflight = None
         participants, tasks = sent.participants, sent.tasks
         results = self.executor.collect(sent.handle) if sent.handle is not None else []
+        total = self.executor.take_sum() if results and self.cfg.runtime.sum_on_actors else None
         if results:   # before anything of the round is aggregated or written
             device = ",".join(sorted({r.device for r in results}))
             self._check_release({"client_device": device})
@@ -354,19 +358,28 @@ class Simulation:
                                f"expected {participants}")
         # A float64 sum of float32 values cannot overflow, so it is finite iff every entry is (one pass,
         # no bool tensor as large as the model).
-        bad = [r.client_id for r in results if not math.isfinite(float(r.delta.sum(dtype=torch.float64)))]
+        # A summed client sent ‖Δ‖ instead, which is finite iff Δ is (an overflowing norm is divergence too).
+        bad = [r.client_id for r in results if not math.isfinite(
+            float(r.delta.sum(dtype=torch.float64)) if r.delta_norm is None else r.delta_norm)]
         if bad:
             raise TrainingDiverged(f"training diverged in round {t}: non-finite updates from clients {bad} "
                                    f"(clip norm {sent.clip})")
         for r in results:
             self.client_states.put(r.client_id, r.client_state, t)
         if self.extra_results is not None:
-            results = results + self.extra_results(t)
+            extra = self.extra_results(t)
+            if total is not None and extra:
+                extra, extra_total = fold_updates(self.cfg, extra)
+                total = total + extra_total
+            results = results + extra
         # A round without participants (possible with participation=poisson) leaves the global model and
         # the server state as they are, except under privacy.unit=client, where the server's noised
         # release is made whoever took part. Diagnostics are logged, never shown to the server.
-        agg = (self.server.aggregate(t, self.weights, [dataclasses.replace(r, diagnostics={}) for r in results])
-               if results or self.cfg.privacy.unit == "client" else None)
+        shown = [dataclasses.replace(r, diagnostics={}) for r in results]
+        if total is not None:
+            agg = self.server.aggregate_sum(t, self.weights, shown, total)
+        else:
+            agg = self.server.aggregate(t, self.weights, shown) if results or self.cfg.privacy.unit == "client" else None
         if agg is not None:
             self.weights = agg.global_weights
         t2 = time.perf_counter()

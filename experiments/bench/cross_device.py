@@ -22,7 +22,8 @@ Measured in one run, in this order:
 * per variant, ``serial`` and ``ray``: the run as ``raysim run`` executes it (``execute`` into a
   fresh results folder, rows, checkpoints and all), ``1 + --timed-rounds`` rounds, the serial
   executor in this process at ``--serial-threads`` torch threads, then Ray (one local Ray for the
-  whole benchmark, the run's default actors). A round's time is the wall time between two
+  whole benchmark, the run's default actors), then Ray with ``runtime.sum_on_actors=true`` (each actor
+  returns its clients' summed update, ``ray_summed``). A round's time is the wall time between two
   consecutive round records; round 1 is left out and the median of the rest is reported.
 * per variant, ``fresh`` and ``fresh_waiting``: a fresh ``raysim run`` process with ``1 + --timed-rounds``
   rounds that starts its own local Ray, with its default head start (the first clients train in that
@@ -311,6 +312,9 @@ def main() -> None:
             ray_cfg = make_config(args, overrides, rounds, executor="ray")
             row["ray"] = timed_run(ray_cfg, data, os.path.join(tmp, f"{key}-ray"))
             row["ray_over_floor"] = row["ray"]["round_s"] / fl
+            summed_cfg = make_config(args, overrides, rounds, executor="ray", sum_on_actors=True)
+            row["ray_summed"] = timed_run(summed_cfg, data, os.path.join(tmp, f"{key}-ray-summed"))
+            row["ray_summed_over_floor"] = row["ray_summed"]["round_s"] / fl
             row["serial_over_floor"] = row["serial"]["round_s"] / fl
             result["variants"][key] = row
         ray.shutdown()   # the fresh runs start their own Ray, on a machine without another one
@@ -326,11 +330,14 @@ def main() -> None:
           f"batch {base.batch_size}, {args.timed_rounds} timed rounds after the first, {os.cpu_count()} CPUs")
     print(f"compute floor: plain SGD, {f['threads']} threads, pre-built tensors: NCHW {f['nchw']:.3f} s, "
           f"channels-last {f['channels_last']:.3f} s per round; floor = {fl:.3f} s\n")
-    print("| variant | Ray round, driver actor (s) | ×floor | serial round (s) | ×floor |")
-    print("|---|---|---|---|---|")
+    print("| variant | Ray round, driver actor (s) | ×floor | the same, `runtime.sum_on_actors` (s) | ×floor | "
+          "serial round (s) | ×floor | test accuracy: Ray, summed, serial |")
+    print("|---|---|---|---|---|---|---|---|")
     for row in result["variants"].values():
         print(f"| {row['name']} | {row['ray']['round_s']:.3f} | {row['ray_over_floor']:.2f} | "
-              f"{row['serial']['round_s']:.3f} | {row['serial_over_floor']:.2f} |")
+              f"{row['ray_summed']['round_s']:.3f} | {row['ray_summed_over_floor']:.2f} | "
+              f"{row['serial']['round_s']:.3f} | {row['serial_over_floor']:.2f} | "
+              f"{row['ray']['accuracy']:.4f}, {row['ray_summed']['accuracy']:.4f}, {row['serial']['accuracy']:.4f} |")
     if args.no_first_round:
         return
     print("\nA fresh `raysim run` (its own local Ray): launch to set-up done, to round 1's record and to the "

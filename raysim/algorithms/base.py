@@ -12,6 +12,7 @@ loop (``raysim.simulation``). It changes behaviour through small hooks:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Protocol, Sequence
 
@@ -69,6 +70,22 @@ class Aggregate:
 def weighted_sum(deltas: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
     """Σ_i w_i Δ_i (float64 accumulation, :func:`raysim.algorithms.flat.sum64`) in Δ's dtype."""
     return flat.sum64(deltas, weights).to(deltas[0].dtype)
+
+
+def sum_weight(cfg: Config, result: ClientResult) -> float:
+    """A client's weight in the update sums that workers return (``runtime.sum_on_actors``): its n_i
+    (FedAvg's weights, divided by Σ n_j at the server), or 1 under ``privacy.unit=client``."""
+    return 1.0 if cfg.privacy.unit == "client" else float(result.num_samples)
+
+
+def fold_updates(cfg: Config, results: Sequence[ClientResult]) -> tuple[list[ClientResult], torch.Tensor]:
+    """A worker's share of a round, summed (``runtime.sum_on_actors``): the results with their Δ replaced
+    by its norm (``delta_norm``, which also tells the server whether Δ was finite), and the float64 sum
+    Σ_i w_i Δ_i (:func:`sum_weight`) over the share in client-id order, for :meth:`Server.aggregate_sum`."""
+    results = sorted(results, key=lambda r: r.client_id)
+    total = flat.sum64([r.delta for r in results], [sum_weight(cfg, r) for r in results])
+    empty = torch.zeros(0, dtype=results[0].delta.dtype)
+    return [dataclasses.replace(r, delta=empty, delta_norm=float(r.delta.norm())) for r in results], total
 
 
 class Server:
@@ -137,34 +154,58 @@ class Server:
         logs = [{"aggregation_weight": float(w)} for w in weights]
         return Aggregate(global_weights + step, logs, {})
 
+    def aggregate_sum(self, server_round: int, global_weights: torch.Tensor, results: Sequence[ClientResult],
+                      total: torch.Tensor) -> Aggregate:
+        """:meth:`aggregate` from the float64 sum Σ_i w_i Δ_i that the workers returned instead of each Δ_i
+        (``runtime.sum_on_actors``, :func:`fold_updates`; ``results`` carry no Δ). The same rule, rounded
+        differently: the step is (Σ_i n_i Δ_i) / Σ_j n_j instead of Σ_i (n_i / Σ_j n_j) Δ_i."""
+        if self.ctx.client_level is not None:
+            if self.ctx.client_level.mechanism == "tree":
+                return Aggregate(self.tree_release(server_round, global_weights, results, total),
+                                 self.uniform_logs(results))
+            return Aggregate(global_weights + self.private_mean(server_round, results, total),
+                             self.uniform_logs(results), {})
+        weights = self.sample_weights(results)
+        n = float(sum(r.num_samples for r in results))
+        logs = [{"aggregation_weight": float(w)} for w in weights]
+        return Aggregate(global_weights + (total / n).to(global_weights.dtype), logs, {})
+
     # --- privacy.unit=client ------------------------------------------------------------
-    def private_mean(self, server_round: int, results: Sequence[ClientResult]) -> torch.Tensor:
+    def private_mean(self, server_round: int, results: Sequence[ClientResult],
+                     total: torch.Tensor | None = None) -> torch.Tensor:
         """The round's client-level release: (Σ_i clip_C(Δ_i) + N(0, σ_Δ²C²I)) / k, the updates clipped by
         their clients, the noise drawn here from ``(seed, "server-dp-noise", round)`` and sized by the plan
-        (``MethodContext.client_level``; k the expected cohort size, also for a cohort that came out empty)."""
+        (``MethodContext.client_level``; k the expected cohort size, also for a cohort that came out empty).
+        ``total``: Σ_i clip_C(Δ_i) as the workers summed it (:meth:`aggregate_sum`)."""
         plan = self.ctx.client_level
         if plan is None:
             raise RuntimeError("private_mean is the client-level aggregate; this run is privacy.unit=example")
         clip = self.clip_norm(server_round)
-        total = (flat.sum64([r.delta for r in results], [1.0] * len(results)) if results
-                 else torch.zeros(self.ctx.num_params, dtype=torch.float64))
+        if total is None:
+            total = self.client_sum(results)
         std = plan.update_noise_std(server_round, float(clip))
         gen = torch_generator(self.cfg.train_seed, "server-dp-noise", server_round)
         noise = torch.empty(self.ctx.num_params, dtype=torch.float32).normal_(0.0, std, generator=gen)
         return (total / plan.denominator + noise.double()).to(torch.float32)
 
+    def client_sum(self, results: Sequence[ClientResult]) -> torch.Tensor:
+        """Σ_i Δ_i in float64 (zeros for an empty cohort)."""
+        return (flat.sum64([r.delta for r in results], [1.0] * len(results)) if results
+                else torch.zeros(self.ctx.num_params, dtype=torch.float64))
+
     def tree_release(self, server_round: int, global_weights: torch.Tensor,
-                     results: Sequence[ClientResult]) -> torch.Tensor:
+                     results: Sequence[ClientResult], total: torch.Tensor | None = None) -> torch.Tensor:
         """DP-FTRL (``privacy.mechanism=tree``): w_t = w_pass + (Σ_{s ≤ t in the pass} Σ_i clip_C(Δ_i,s) + Z_t)/k,
         with Z_t the tree-aggregation noise of the pass's prefix t (``ClientLevelPlan.prefix_noise``);
-        the tree restarts, and w_pass is reset to the current weights, at the start of every pass."""
+        the tree restarts, and w_pass is reset to the current weights, at the start of every pass. ``total``:
+        the round's Σ_i clip_C(Δ_i) as the workers summed it (:meth:`aggregate_sum`)."""
         plan = self.ctx.client_level
         pass_index, slot = divmod(server_round - 1, plan.per_pass)
         if slot == 0 or self.tree_anchor is None:
             self.tree_anchor = global_weights.double().clone()
             self.tree_sum = torch.zeros(self.ctx.num_params, dtype=torch.float64)
         if results:
-            self.tree_sum = self.tree_sum + flat.sum64([r.delta for r in results], [1.0] * len(results))
+            self.tree_sum = self.tree_sum + (self.client_sum(results) if total is None else total)
         std = plan.update_sigma * float(self.clip_norm(server_round))
         noise = plan.prefix_noise(self.cfg.train_seed, pass_index, slot + 1, std, self.ctx.num_params)
         return (self.tree_anchor + (self.tree_sum + noise) / plan.denominator).to(torch.float32)
@@ -307,6 +348,12 @@ class MethodSpec:
     resolve: Callable[[Config], Config] = _as_given
     #: what ``raysim audit``'s canaries cannot show for this method (one line, printed with its result)
     audit_caveat: str = ""
+
+    @property
+    def sums_updates(self) -> bool:
+        """Whether workers may sum the round's updates for the server (``runtime.sum_on_actors``): its server
+        is :class:`Server` itself, whose rule reads the updates only through Σ_i w_i Δ_i."""
+        return self.server is Server
 
     def units(self) -> tuple[str, ...]:
         """The privacy units the method supports (``raysim methods``); a method that supports the client unit

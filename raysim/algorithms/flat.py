@@ -35,5 +35,6 @@ def sum64(deltas: Sequence[torch.Tensor], weights: Sequence[float] | None = None
     float64. ``weights=None`` is the uniform mean (1/N) Σ_i Δ_i (the sum divided once, at the end)."""
     out = torch.zeros_like(deltas[0], dtype=torch.float64)
     for i, d in enumerate(deltas):
-        out.add_(d.to(torch.float64), alpha=1.0 if weights is None else float(weights[i]))
+        # float32 Δ is widened element by element inside the add (exactly), with no float64 copy of it
+        out.add_(d, alpha=1.0 if weights is None else float(weights[i]))
     return out / len(deltas) if weights is None else out

@@ -38,11 +38,14 @@ def head_starts(cfg: Config, placement_group: Any = None, pool: Any = None) -> b
     """Whether a Ray run trains its first clients in this process while it starts a local Ray
     (``runtime.head_start``, :mod:`raysim.runtime.head_start`): only where this process would start
     that Ray itself (no address, no Ray running here, not a sweep's run task: a sweep's own first run
-    asks :func:`raysim.runtime.sweep_runner.first_run_head_starts`) and clients train on CPUs."""
+    asks :func:`raysim.runtime.sweep_runner.first_run_head_starts`), clients train on CPUs and each client
+    returns its own update (not ``runtime.sum_on_actors``, whose sums would then depend on when the
+    actors took over)."""
     import os
     import ray
     r = cfg.runtime
-    return (r.head_start and r.num_gpus_per_client == 0 and placement_group is None and pool is None
+    return (r.head_start and not r.sum_on_actors and r.num_gpus_per_client == 0 and placement_group is None
+            and pool is None
             and not r.address and not os.environ.get("RAY_ADDRESS") and not ray.is_initialized())
 
 

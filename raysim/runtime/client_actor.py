@@ -84,9 +84,16 @@ class ClientActor:
         return runner.train(payload, task, client)
 
     def train_many(self, payload: RoundPayload, tasks: list[ClientTask], clients: list[ClientData],
-                   setup: tuple[str, Config, str, list]) -> list[ClientResult]:
-        """Several clients of one round, one after another (one Ray task for an actor's share)."""
-        return [self.train(payload, t, c, setup) for t, c in zip(tasks, clients)]
+                   setup: tuple[str, Config, str, list], sum_updates: bool = False) -> Any:
+        """Several clients of one round, one after another (one Ray task for an actor's share). With
+        ``sum_updates`` (``runtime.sum_on_actors``): (the results without their Δ, the share's Σ_i w_i Δ_i as
+        a float64 array), :func:`raysim.algorithms.base.fold_updates`."""
+        results = [self.train(payload, t, c, setup) for t, c in zip(tasks, clients)]
+        if not sum_updates:
+            return results
+        from raysim.algorithms.base import fold_updates
+        results, total = fold_updates(self.runner.cfg, results)
+        return results, total.numpy()   # an array travels without a copy into pickle's stream
 
     def evaluate(self, weights: Any, test: tuple, setup: tuple[str, Config, str, list]) -> tuple[list[float], Any]:
         """Per-batch losses and predictions of the global model on ``test`` = (x, y): this actor's part

@@ -74,6 +74,8 @@ class RayExecutor:
         # cannot be reused by another array
         self._eval_sets: dict[int, tuple[Any, Any]] = {}
         self._warming: list[Any] = []
+        self.sum_updates = cfg.runtime.sum_on_actors
+        self._total: Any = None
         if not self.actors:
             self.actors = start_client_actors(cfg, self.placement_group)
         if self.cold:
@@ -128,11 +130,23 @@ class RayExecutor:
             shares[k].append(j)
             load[k] += len(clients[j].train_indices) + self.FIXED_COST
         return [active[k].train_many.remote(payload_ref, [tasks[j] for j in share], [clients[j] for j in share],
-                                            self.setup_ref) for k, share in enumerate(shares) if share]
+                                            self.setup_ref, self.sum_updates) for k, share in enumerate(shares) if share]
 
     def collect(self, refs: list[Any]) -> list[ClientResult]:
-        """The results of :meth:`submit`, sorted by client id."""
-        return sorted((r for batch in ray.get(refs) for r in batch), key=lambda r: r.client_id)
+        """The results of :meth:`submit`, sorted by client id. Under ``runtime.sum_on_actors`` each actor
+        returned its share's sum with its results; the shares' sums are added in actor order (:meth:`take_sum`)."""
+        batches = ray.get(refs)
+        if self.sum_updates:
+            total = batches[0][1].copy()   # the others are read in place from the object store
+            for _, part in batches[1:]:
+                total += part
+            self._total = torch.from_numpy(total)
+            batches = [results for results, _ in batches]
+        return sorted((r for batch in batches for r in batch), key=lambda r: r.client_id)
+
+    def take_sum(self) -> Any:
+        total, self._total = self._total, None
+        return total
 
     #: Shard-size units added per client when balancing: a client's fixed cost per round (model set-up,
     #: uploads) in examples' worth, fitted on the digits quickstart (a client's round time against n_i);

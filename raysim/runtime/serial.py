@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Sequence
 
+from raysim.algorithms.base import fold_updates
 from raysim.client import ClientRunner, eval_where
 from raysim.config import Config
 from raysim.messages import ClientData, ClientResult, ClientTask, RoundPayload
@@ -15,6 +16,7 @@ class SerialExecutor:
 
     def __init__(self) -> None:
         self.runner: ClientRunner | None = None
+        self.total: Any = None
 
     def start(self, cfg: Config, clipping: str, train: Any) -> None:
         self.runner = ClientRunner(cfg, clipping, train)
@@ -32,7 +34,14 @@ class SerialExecutor:
     def collect(self, handle: tuple[RoundPayload, Sequence[ClientTask], Sequence[ClientData]]) -> list[ClientResult]:
         assert self.runner is not None, "start() first"
         payload, tasks, clients = handle
-        return sorted((self.runner.train(payload, t, c) for t, c in zip(tasks, clients)), key=lambda r: r.client_id)
+        results = sorted((self.runner.train(payload, t, c) for t, c in zip(tasks, clients)), key=lambda r: r.client_id)
+        if self.runner.cfg.runtime.sum_on_actors:   # one worker: the round's whole cohort in one sum
+            results, self.total = fold_updates(self.runner.cfg, results)
+        return results
+
+    def take_sum(self) -> Any:
+        total, self.total = self.total, None
+        return total
 
     def evaluate(self, weights: Any, x: Any, y: Any, num_classes: int, idle: bool = False) -> Any:
         """The runner evaluates when ``runtime.eval_on`` says actor (on its device); else None: the simulation does."""

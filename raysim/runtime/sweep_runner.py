@@ -101,10 +101,11 @@ RunOne = Callable[..., dict[str, Any]]
 
 def first_run_head_starts(cfg: Config, address: str | None) -> bool:
     """Whether the sweep's first run starts in this process while the sweep starts its own local Ray:
-    as for ``raysim run`` (``runtime.head_start``, clients on CPUs of Ray actors), and only where no Ray
-    is there to join."""
+    as for ``raysim run`` (``runtime.head_start``, clients on CPUs of Ray actors, each returning its own
+    update), and only where no Ray is there to join."""
     r = cfg.runtime
-    return (r.executor == "ray" and r.head_start and r.num_gpus_per_client == 0 and not address and not r.address
+    return (r.executor == "ray" and r.head_start and not r.sum_on_actors and r.num_gpus_per_client == 0
+            and not address and not r.address
             and not os.environ.get("RAY_ADDRESS") and not ray.is_initialized())
 
 

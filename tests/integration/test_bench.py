@@ -110,7 +110,7 @@ def test_cross_device():
     assert out["floor"]["floor_s"] > 0 and out["floor"]["clients"] == 3
     assert set(out["variants"]) == {"nodp", "record", "client"}
     for row in out["variants"].values():
-        assert row["ray"]["round_s"] > 0 and row["serial"]["round_s"] > 0
+        assert row["ray"]["round_s"] > 0 and row["serial"]["round_s"] > 0 and row["ray_summed"]["round_s"] > 0
         for fresh in (row["fresh"], row["fresh_waiting"]):
             assert 0 < fresh["start_s"] < fresh["first_round_s"] and fresh["round_s"] > 0
         assert row["ray_over_floor"] == row["ray"]["round_s"] / out["floor"]["floor_s"]
