@@ -13,11 +13,12 @@ result, down to the last bit, does not depend on the machine's load):
   taken (mixed ghost clipping, Bu et al. 2022, with the cost model of both contractions rather
   than memory alone). On the ghost path a conv's clipped sum is one ordinary weight-gradient
   call with the output gradients pre-scaled by the clip factors. An explicit conv ``G_i`` is, for
-  few input channels, a batched matmul of the channels-last output gradients with the input's
-  patches (a strided view of the padded NHWC input, copied a few MB of the batch at a time); else
-  the weight gradient of a conv with groups=B, a few MB of the batch at a time (one call over the
-  whole batch needs a workspace several times the result). The clipped
-  sum of explicit ``G_i`` is a (B)·(B × D_out·D_in) product per chunk.
+  few input channels, held transposed, ``G_iᵀ`` (D_in × D_out): a batched matmul of the input's
+  patches (a strided view of the padded NCHW input, copied 2 MB of the batch at a time) with the
+  channels-last output gradients; else the weight gradient of a conv with groups=B, a few MB of
+  the batch at a time (one call over the whole batch needs a workspace several times the result).
+  The clipped sum of explicit ``G_i`` is a (B)·(B × D_out·D_in) product per chunk (a transposed
+  layout's small result is transposed back to the weight's shape).
 - ``GroupNorm`` (affine): per-example ``dγ_c = Σ g·x̂`` and ``dβ_c = Σ g`` over the channel's
   positions, with ``x̂`` the normalised input, recomputed from the recorded input.
 """
@@ -34,14 +35,18 @@ __all__ = ["SUPPORTED", "check_supported", "LayerStats"]
 SUPPORTED = (nn.Conv2d, nn.Linear, nn.GroupNorm)
 
 #: At most this many input channels, an explicit conv per-example grad is a batched matmul of the
-#: output gradients with the channels-last input patches (:func:`_conv_im2col`); above, the weight
-#: grad of a conv with groups=B. Measured on CPU at batch 64, 2 threads: 3→32 5x5 on 32x32 4.5–5.4 ms,
-#: against 6.7 ms for a conv with the roles of input and output gradients swapped (which needs the
-#: output gradients copied out of channels-last) and 14.6 ms with groups=B; 32→64 5x5 on 16x16
-#: 12.5 ms as a matmul against 10.7 ms with groups=B.
+#: input's NCHW patches with the channels-last output gradients (:func:`_conv_im2col`); above, the
+#: weight grad of a conv with groups=B. Measured on CPU at batch 64, 1 thread, per-example grads and
+#: their norms: 3→32 5x5 on 32x32 (the paper CNN's conv1) 6.4 ms, against 9.1 ms for a matmul over
+#: NHWC patches giving the weight's (Cout, Cin·kh·kw) order (its patch copy gathers runs of 3 floats
+#: and its result needs reordering) and 21.3 ms with groups=B; 32→64 5x5 on 16x16 about the same
+#: either way (31–32 ms), so the groups=B conv, which copies no patches, is kept there.
 IM2COL_MAX_IN_CHANNELS = 4
 #: Explicit conv per-example grads are computed and held this many bytes of the batch at a time.
 CHUNK_BYTES = 4 * 2**20
+#: The input patches of :func:`_conv_im2col` are copied this many bytes of the batch at a time,
+#: so that they are still in cache for the matmul.
+IM2COL_CHUNK_BYTES = 2 * 2**20
 
 
 def check_supported(layers: list[nn.Module], names: dict[int, str]) -> None:
@@ -92,33 +97,32 @@ def _conv_grouped(layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.T
     return grads.view(batch, c_out, -1)
 
 
-def _conv_im2col(layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """Per-example weight grads (B, Cout, Cin·kh·kw) as one batched matmul over channels-last patches.
-
-    ``∇W_i[o, (u, v, c)] = Σ_{h,w} g_i[o, h, w] · a_i[s·h + d·u, s·w + d·v, c]`` (s stride, d
-    dilation, ``a`` padded, NHWC): the patches of the padded NHWC input are a strided view
-    (B, Ho, Wo, kh, kw, Cin) whose copy is (B, Ho·Wo, kh·kw·Cin), and channels-last output
-    gradients are already (B, Ho·Wo, Cout) in memory, so neither operand is transposed in memory.
-    The result is reordered to the weight's (Cout, Cin, kh, kw) order (B·Cout·Cin·kh·kw elements).
-    """
+def _conv_patches(layer: nn.Conv2d, a: torch.Tensor, out_size: tuple[int, int]) -> torch.Tensor:
+    """Input patches (B, Cin·kh·kw, Ho·Wo), rows in the order of ``weight.view(Cout, -1)``: a
+    strided view of the padded input copied to NCHW, whose window rows are runs of the input's rows."""
     a, _ = _padded_input(layer, a, explicit=True)
-    batch, c_in, c_out = a.shape[0], a.shape[1], g.shape[1]
+    a = a.contiguous()                   # NCHW: a view for an NCHW input without padding
+    batch, c_in = a.shape[0], a.shape[1]
     kh, kw = layer.kernel_size
     (sh, sw), (dh, dw) = layer.stride, layer.dilation
-    h_out, w_out = g.shape[2], g.shape[3]
-    nhwc = a.permute(0, 2, 3, 1).contiguous()           # a view when ``a`` is channels-last already
-    sb, sr, sc, _ = nhwc.stride()
-    patches = nhwc.as_strided((batch, h_out, w_out, kh, kw, c_in), (sb, sr * sh, sc * sw, sr * dh, sc * dw, 1))
-    patches = patches.reshape(batch, h_out * w_out, kh * kw * c_in)
+    h_out, w_out = out_size
+    sb, sc, sr, scol = a.stride()
+    windows = a.as_strided((batch, c_in, kh, kw, h_out, w_out), (sb, sc, sr * dh, scol * dw, sr * sh, scol * sw))
+    return windows.reshape(batch, c_in * kh * kw, h_out * w_out)
+
+
+def _conv_im2col(layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """Transposed per-example weight grads (B, Cin·kh·kw, Cout) as one batched matmul.
+
+    ``∇W_i[o, k] = Σ_l P_i[k, l] · g_i[o, l]`` with ``P_i`` example i's input patches
+    (:func:`_conv_patches`) and l the output positions: ``P_i`` (Cin·kh·kw, Ho·Wo) times the
+    channels-last output gradients, which are (Ho·Wo, Cout) in memory, is ``∇W_iᵀ`` with neither
+    operand transposed in memory.
+    """
+    batch, c_out, h_out, w_out = g.shape
+    patches = _conv_patches(layer, a, (h_out, w_out))
     g_rows = g.permute(0, 2, 3, 1).reshape(batch, h_out * w_out, c_out)   # a view for channels-last g
-    grads = torch.bmm(g_rows.transpose(1, 2), patches)                    # (B, Cout, kh·kw·Cin)
-    return grads.view(batch, c_out, kh, kw, c_in).permute(0, 1, 4, 2, 3).reshape(batch, c_out, -1)
-
-
-def _conv_per_example_weight(layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    if layer.in_channels <= IM2COL_MAX_IN_CHANNELS:
-        return _conv_im2col(layer, a, g)
-    return _conv_grouped(layer, a, g)
+    return torch.bmm(patches, g_rows)
 
 
 def _conv_weight_grad(layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -158,18 +162,26 @@ def _total(tensors) -> torch.Tensor:
     return total
 
 
+def _uses_im2col(layer: nn.Conv2d) -> bool:
+    """Whether the layer's per-example weight grads come from :func:`_conv_im2col`, held transposed."""
+    return layer.in_channels <= IM2COL_MAX_IN_CHANNELS
+
+
 def _conv_per_example_chunks(layer: nn.Conv2d, records, batch: int) -> list[torch.Tensor]:
-    """Per-example weight grads, summed over the layer's calls, as consecutive chunks of the batch
-    of at most ``CHUNK_BYTES`` each (counting the input patches on the matmul path): oneDNN's
-    workspace for one groups=B call over the whole batch is several times the result, and the
-    patches of a 32x32 RGB batch of 64 under a 5x5 kernel take 20 MB."""
+    """Per-example weight grads, summed over the layer's calls, as consecutive chunks of the batch:
+    with :func:`_conv_im2col` (transposed, (b, Cin·kh·kw, Cout)) of at most ``IM2COL_CHUNK_BYTES``
+    of input patches each (the patches of a 32x32 RGB batch of 64 under a 5x5 kernel take 20 MB);
+    else with :func:`_conv_grouped` ((b, Cout, Cin·kh·kw)) of at most ``CHUNK_BYTES`` of grads each
+    (oneDNN's workspace for one groups=B call over the whole batch is several times the result)."""
     weight = layer.weight
-    per_example = weight.numel()
-    if layer.in_channels <= IM2COL_MAX_IN_CHANNELS:
-        g = records[0][1]
-        per_example = max(per_example, g[0, 0].numel() * weight[0].numel())
-    size = max(1, CHUNK_BYTES // (per_example * weight.element_size()))
-    return [_total(_conv_per_example_weight(layer, a[start:start + size], g[start:start + size]) for a, g in records)
+    if _uses_im2col(layer):
+        compute, budget = _conv_im2col, IM2COL_CHUNK_BYTES
+        per_example = max(records[0][1][0, 0].numel(), weight.shape[0]) * weight[0].numel()
+    else:
+        compute, budget = _conv_grouped, CHUNK_BYTES
+        per_example = weight.numel()
+    size = max(1, budget // (per_example * weight.element_size()))
+    return [_total(compute(layer, a[start:start + size], g[start:start + size]) for a, g in records)
             for start in range(0, batch, size)]
 
 
@@ -195,6 +207,8 @@ class LayerStats:
         self.a = self.g = self.scaled_records = None
         # parameter name → per-example grads (B, ...) as consecutive chunks of the batch
         self.per_example: dict[str, list[torch.Tensor]] = {}
+        # per_example["weight"] holds each example's (D_in, D_out) transpose of the weight's (D_out, D_in)
+        self.weight_transposed = False
         self.sq_norm = torch.zeros(batch, dtype=dtype, device=device)
         if not records:
             return
@@ -258,6 +272,7 @@ class LayerStats:
                 self.a, self.g = a_seq, g_seq
         elif conv:
             self.per_example["weight"] = _conv_per_example_chunks(layer, records, records[0][0].shape[0])
+            self.weight_transposed = _uses_im2col(layer)
         else:
             self.per_example["weight"] = [_total(torch.bmm(g, a.transpose(1, 2))
                                               for a, g in (_as_sequence(layer, *r) for r in records))]
@@ -277,7 +292,11 @@ class LayerStats:
                 continue
             acc = into.get(pname)
             value = None
-            if pname in self.per_example:
+            if pname == "weight" and self.weight_transposed:
+                d_out = p.shape[0]
+                transposed = _weighted_sum(factors, self.per_example[pname], (p.numel() // d_out, d_out))
+                value = transposed.t().reshape(p.shape)
+            elif pname in self.per_example:
                 value = _weighted_sum(factors, self.per_example[pname], p.shape)
             elif pname == "weight" and self.scaled_records is not None:
                 value = _total(_conv_weight_grad(self.layer, a, g * factors.view(-1, 1, 1, 1))

@@ -316,8 +316,8 @@ def test_registry():
     nn.Conv2d(5, 3, 1, stride=3),   # rows past the last window are not part of any patch
 ], ids=["pad", "stride-dilation", "odd", "same-reflect", "1x1-stride"])
 def test_conv_per_example_weight_grads_both_ways(conv):
-    """The channels-last matmul and the groups=B conv equal per-example weight grads from autograd,
-    from NCHW and from channels-last operands."""
+    """The patch matmul (transposed) and the groups=B conv equal per-example weight grads from
+    autograd, from NCHW and from channels-last operands."""
     conv = conv.double()
     gen = torch.Generator().manual_seed(4)
     a = torch.randn(3, conv.in_channels, 11, 10, generator=gen, dtype=torch.float64)
@@ -329,8 +329,100 @@ def test_conv_per_example_weight_grads_both_ways(conv):
     want = torch.stack(want)
     last = torch.channels_last
     for a_in, g_in in ((a, g), (a.contiguous(memory_format=last), g.contiguous(memory_format=last))):
-        torch.testing.assert_close(layer_grads._conv_im2col(conv, a_in, g_in), want, **TOL)
+        torch.testing.assert_close(layer_grads._conv_im2col(conv, a_in, g_in).transpose(1, 2), want, **TOL)
         torch.testing.assert_close(layer_grads._conv_grouped(conv, a_in, g_in), want, **TOL)
+
+
+class TwoConvNet(nn.Module):
+    """``first`` (optionally called twice, on the input and on its own tanh output), then ``second``
+    and a Linear head."""
+
+    def __init__(self, first: nn.Conv2d, second: nn.Conv2d, twice: bool = False) -> None:
+        super().__init__()
+        self.first, self.second, self.twice = first, second, twice
+        self.head = nn.LazyLinear(3)
+
+    def forward(self, x):
+        x = torch.tanh(self.first(x))
+        if self.twice:
+            x = torch.tanh(self.first(x))
+        return self.head(torch.tanh(self.second(x)).flatten(1))
+
+
+def _conv_paths(monkeypatch) -> dict[str, list[int]]:
+    """Records the input channels of each conv that goes through the patch matmul or the groups=B conv."""
+    seen: dict[str, list[int]] = {"im2col": [], "grouped": []}
+    for key, name in (("im2col", "_conv_im2col"), ("grouped", "_conv_grouped")):
+        real = getattr(layer_grads, name)
+
+        def spy(layer, a, g, real=real, key=key):
+            seen[key].append(layer.in_channels)
+            return real(layer, a, g)
+        monkeypatch.setattr(layer_grads, name, spy)
+    return seen
+
+
+FEW_CHANNEL_CONVS = {
+    "pad": (lambda: nn.Conv2d(3, 6, 5, padding=2), False),
+    "stride": (lambda: nn.Conv2d(2, 6, 3, stride=2, padding=1), False),
+    "stride-dilation": (lambda: nn.Conv2d(4, 6, (3, 2), stride=(2, 1), dilation=(1, 2), padding=(1, 0)), False),
+    "same-reflect": (lambda: nn.Conv2d(1, 6, 3, padding="same", padding_mode="reflect", dilation=2, bias=False), False),
+    "called-twice": (lambda: nn.Conv2d(4, 4, 3, padding=1), True),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(FEW_CHANNEL_CONVS))
+def test_few_channel_conv_goes_through_the_patch_matmul_and_matches_vmap(variant, monkeypatch):
+    """A conv with at most 4 input channels gets its per-example grads from the patch matmul, several
+    chunks of the batch of them, held transposed; its norms and clipped sum equal the exact engine's.
+    The conv after it takes the groups=B conv if it has more than 4 input channels."""
+    make_first, twice = FEW_CHANNEL_CONVS[variant]
+    torch.manual_seed(0)
+    first = make_first()
+    model = TwoConvNet(first, nn.Conv2d(first.out_channels, 5, 3), twice)
+    x, y = _data((first.in_channels, 12, 11), 3, batch=9, seed=6)
+    model(x.float())
+    model = model.double()
+    monkeypatch.setattr(layer_grads, "IM2COL_CHUNK_BYTES", 4 * 8 * first.weight[0].numel() * 36)  # ≤4 examples
+    seen = _conv_paths(monkeypatch)
+    for per_layer in (False, True):
+        clip = [0.2, 0.2, 0.2] if per_layer else 0.4
+        bk = make_engine("bk").clipped_sum(model, x, y, clip, per_layer=per_layer)
+        vm = make_engine("vmap").clipped_sum(model, x, y, clip, per_layer=per_layer)
+        _assert_grads_close(bk.grads, vm.grads)
+        torch.testing.assert_close(bk.per_layer_norms, vm.per_layer_norms, **TOL)
+        assert bk.num_clipped == vm.num_clipped > 0
+    assert first.in_channels in seen["im2col"] and len(seen["im2col"]) >= 2 * 3
+    assert max(seen["im2col"]) <= 4 < min(seen["grouped"], default=5)
+    assert seen["grouped"] or twice
+
+
+def test_few_channel_conv_in_float32_is_close_to_the_exact_engine_in_float64():
+    torch.manual_seed(0)
+    model = build_model(3, 32, 10)
+    x, y = _data((3, 32, 32), 10, batch=16, seed=7)
+    got = make_engine("bk").clipped_sum(model, x.float(), y, 1.0)
+    want = make_engine("vmap").clipped_sum(model.double(), x, y, 1.0)
+    torch.testing.assert_close(got.per_layer_norms[:, 0].double(), want.per_layer_norms[:, 0], rtol=1e-5, atol=0)
+    torch.testing.assert_close(got.grads[0].double(), want.grads[0], rtol=1e-5, atol=1e-7)
+
+
+def test_convs_with_more_input_channels_or_a_groups_b_shape_keep_the_groups_b_conv(monkeypatch):
+    """Above 4 input channels the per-example grads come from the groups=B conv, in the weight's
+    layout, and still match the exact engine."""
+    torch.manual_seed(0)
+    model = TwoConvNet(nn.Conv2d(5, 4, 3, stride=2, padding=1), nn.Conv2d(4, 6, 3, padding="same"))
+    x, y = _data((5, 12, 11), 3, batch=9, seed=8)
+    model(x.float())
+    model = model.double()
+    seen = _conv_paths(monkeypatch)
+    bk = make_engine("bk").clipped_sum(model, x, y, 0.4)
+    vm = make_engine("vmap").clipped_sum(model, x, y, 0.4)
+    _assert_grads_close(bk.grads, vm.grads)
+    torch.testing.assert_close(bk.per_layer_norms, vm.per_layer_norms, **TOL)
+    assert seen == {"im2col": [4], "grouped": [5]}
+    stats = layer_grads.LayerStats(model.first, [(x, torch.randn_like(model.first(x)))], 9, x.dtype, x.device)
+    assert not stats.weight_transposed and stats.per_example["weight"][0].shape[1:] == (4, 5 * 9)
 
 
 def test_group_norm_with_frozen_weight():
