@@ -120,7 +120,7 @@ def main() -> None:
             print(f"| {command} | {label} | {', '.join(str(r['started_s']) for r in mine)} | "
                   f"{', '.join(str(r['setup_s']) for r in mine)} | "
                   f"{', '.join(str(r['round1_s']) for r in mine)} | {', '.join(str(r['exit_s']) for r in mine)} | "
-                  f"{statistics.median(setups) if setups else '—'} |")
+                  f"{round(statistics.median(setups), 2) if setups else '—'} |")
 
 
 if __name__ == "__main__":

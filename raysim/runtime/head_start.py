@@ -5,7 +5,8 @@ torch and build the model: seconds in which the launching process, which already
 model and the plan, would otherwise wait. With ``runtime.head_start`` (the default) and no Ray to
 join, the run's server runs in the launching process (as with the serial executor), and
 :class:`HeadStartExecutor` trains each round's clients here, one after another, while a second
-thread starts Ray and the actors. Between two clients it checks whether the actors are warm; once
+thread starts Ray and the actors, once the run is planned (Ray's processes starting beside the σ
+calibration would slow both on a small machine). Between two clients it checks whether the actors are warm; once
 they are, the clients of the round not yet begun go to them, and every later round runs on Ray.
 A client's result does not depend on where it trained (the serial executor gives the same bits as
 the actors at one ``runtime.torch_threads``), so the tables are those of a run that waited for Ray;
@@ -41,8 +42,11 @@ class RaySide(Protocol):
     #: whether that thread must stay alive until :meth:`end` (it started Ray's processes)
     parks: bool
 
-    def start(self, cfg: Config, clipping: str, train: Any, ended: threading.Event) -> "RayExecutor | None":
-        """The run's executor on Ray (None: the run ``ended`` first and needs none)."""
+    def start(self, cfg: Config, clipping: str, train: Any, planned: threading.Event,
+              ended: threading.Event) -> "RayExecutor | None":
+        """The run's executor on Ray (None: the run ``ended`` first and needs none). ``planned`` is set once
+        the run is planned (partition, σ calibration, model) or has ended: Ray's processes start after it,
+        so that they do not compete with the planning for the cores while the first clients wait."""
         ...
 
     def end(self, remote: "RayExecutor | None", ok: bool) -> None:
@@ -59,9 +63,13 @@ class LocalRay:
     #: parent thread), and Ray then takes seconds to shut down.
     parks = True
 
-    def start(self, cfg: Config, clipping: str, train: Any, ended: threading.Event) -> "RayExecutor":
+    def start(self, cfg: Config, clipping: str, train: Any, planned: threading.Event,
+              ended: threading.Event) -> "RayExecutor | None":
         from raysim.runtime.driver import init_ray
         from raysim.runtime.ray_executor import RayExecutor
+        planned.wait()
+        if ended.is_set():
+            return None
         init_ray(None)
         remote = RayExecutor()
         remote.start(cfg, clipping, train)
@@ -83,6 +91,7 @@ class HeadStartExecutor:
         #: the runs row's placement fields, updated as the run goes (head_start_clients: clients trained here)
         self.placement: dict[str, Any] = {"warm_actors": False, "head_start_clients": 0}
         self._started = threading.Event()
+        self._planned = threading.Event()   # the run is planned (or has ended): the Ray side may start Ray
         self._ended = threading.Event()     # the run has ended: a Ray side not started yet need not start
         self._release = threading.Event()   # set once the Ray side has ended: a parked starting thread may end
         self._start_error: BaseException | None = None
@@ -96,7 +105,7 @@ class HeadStartExecutor:
         """Have the Ray side start the run's actors; then stay alive until the run ends if it must
         (:attr:`LocalRay.parks`)."""
         try:
-            self.remote = self.side.start(self.cfg, self.clipping, self.train, self._ended)
+            self.remote = self.side.start(self.cfg, self.clipping, self.train, self._planned, self._ended)
         except BaseException as exc:   # raised in the training thread by _on_ray
             self._start_error = exc
         finally:
@@ -105,7 +114,8 @@ class HeadStartExecutor:
             self._release.wait()
 
     def ready(self) -> None:
-        """Nothing to wait for: the first clients train here."""
+        """Nothing to wait for: the first clients train here. The run is planned: Ray may start."""
+        self._planned.set()
 
     @property
     def overlaps(self) -> bool:
@@ -155,6 +165,7 @@ class HeadStartExecutor:
         """End the run's Ray side (once started: a run may end before Ray is up): shut down the Ray a
         ``raysim run`` started, or give a sweep's pool its actors back (``ok``: the run completed)."""
         self._ended.set()
+        self._planned.set()
         self._started.wait()
         try:
             self.side.end(self.remote, ok)

@@ -116,8 +116,8 @@ class SweepRay:
     parks = False
 
     def __init__(self) -> None:
-        #: set when the run asks for its actors (its data is loaded, its planning begins): the sweep
-        #: starts Ray then, so that Ray's start does not compete with the run's imports and data
+        #: set when the run asks for its actors (it is planned: data, partition, σ calibration): the
+        #: sweep starts Ray then, so that Ray's start does not compete with the run's planning
         self.wanted = threading.Event()
         self._up = threading.Event()
         self.pool: Any = None
@@ -134,11 +134,13 @@ class SweepRay:
         self._error = error
         self._up.set()
 
-    def start(self, cfg: Config, clipping: str, train: Any, ended: threading.Event) -> "RayExecutor | None":
-        """The run's executor on the sweep's Ray, once it is up; None if the run ``ended`` meanwhile
-        (it borrows no actors then)."""
+    def start(self, cfg: Config, clipping: str, train: Any, planned: threading.Event,
+              ended: threading.Event) -> "RayExecutor | None":
+        """The run's executor on the sweep's Ray, once the run is planned and that Ray is up; None if the
+        run ``ended`` meanwhile (it borrows no actors then)."""
         from raysim.runtime.client_actor import ActorNeeds
         from raysim.runtime.ray_executor import RayExecutor
+        planned.wait()
         self.wanted.set()
         self._up.wait()
         if self._error is not None:
@@ -287,7 +289,7 @@ def run_sweep(configs: Sequence[Config], results_dir: str, sweep_id: str, *, run
         if listener:
             _notify(listener.started, run_id_for(first.cfg))
     try:
-        if first is not None:   # Ray starts once the first run has loaded its data (SweepRay.wanted)
+        if first is not None:   # Ray starts once the first run is planned (SweepRay.wanted)
             while not (first.ray_side.wanted.wait(0.05) or first.done.is_set()):
                 pass
         init_ray(address)

@@ -159,3 +159,31 @@ def test_round_split_between_here_and_the_actors(monkeypatch, after):
     assert here == everyone[:min(after, 12)]
     assert executor.placement == {"warm_actors": False, "head_start_clients": min(after, 12),
                                   **({} if after >= 12 else {"client_nodes": '["stand-in"]', "writer_node": "stand-in"})}
+
+
+def test_ray_starts_once_the_run_is_planned(monkeypatch):
+    """Ray's processes start after the run's planning (σ calibration), not beside it on the same cores."""
+    events: list[str] = []
+
+    class Side:
+        parks = False
+
+        def start(self, cfg, clipping, train, planned, ended):
+            planned.wait()
+            events.append("ray starts")
+            return None   # no actors: every client trains here
+
+        def end(self, remote, ok):
+            events.append("ray ends")
+
+    plan = Simulation._plan
+
+    def planning(self, *args):
+        events.append("planning")
+        plan(self, *args)
+        events.append("planned")
+
+    monkeypatch.setattr(Simulation, "_plan", planning)
+    cfg = tiny_config(method="fedsa", privacy__epsilon=8.0, rounds=1)
+    _run(cfg, HeadStartExecutor(Side()))
+    assert events == ["planning", "planned", "ray starts", "ray ends"]
