@@ -146,9 +146,7 @@ class Server:
 
     def aggregate(self, server_round: int, global_weights: torch.Tensor, results: Sequence[ClientResult]) -> Aggregate:
         if self.ctx.client_level is not None:
-            if self.ctx.client_level.mechanism == "tree":
-                return Aggregate(self.tree_release(server_round, global_weights, results), self.uniform_logs(results))
-            return Aggregate(global_weights + self.private_mean(server_round, results), self.uniform_logs(results), {})
+            return self._client_level(server_round, global_weights, results)
         weights = self.sample_weights(results)
         step = weighted_sum([r.delta for r in results], weights)
         logs = [{"aggregation_weight": float(w)} for w in weights]
@@ -160,17 +158,21 @@ class Server:
         (``runtime.sum_on_actors``, :func:`fold_updates`; ``results`` carry no Δ). The same rule, rounded
         differently: the step is (Σ_i n_i Δ_i) / Σ_j n_j instead of Σ_i (n_i / Σ_j n_j) Δ_i."""
         if self.ctx.client_level is not None:
-            if self.ctx.client_level.mechanism == "tree":
-                return Aggregate(self.tree_release(server_round, global_weights, results, total),
-                                 self.uniform_logs(results))
-            return Aggregate(global_weights + self.private_mean(server_round, results, total),
-                             self.uniform_logs(results), {})
+            return self._client_level(server_round, global_weights, results, total)
         weights = self.sample_weights(results)
         n = float(sum(r.num_samples for r in results))
         logs = [{"aggregation_weight": float(w)} for w in weights]
         return Aggregate(global_weights + (total / n).to(global_weights.dtype), logs, {})
 
     # --- privacy.unit=client ------------------------------------------------------------
+    def _client_level(self, server_round: int, global_weights: torch.Tensor, results: Sequence[ClientResult],
+                      total: torch.Tensor | None = None) -> Aggregate:
+        """The client-level release (DP-FTRL's tree, else the Gaussian mean), from ``total`` = Σ_i clip_C(Δ_i)
+        when the workers summed the updates, else from the results' updates."""
+        if self.ctx.client_level.mechanism == "tree":
+            return Aggregate(self.tree_release(server_round, global_weights, results, total), self.uniform_logs(results))
+        return Aggregate(global_weights + self.private_mean(server_round, results, total), self.uniform_logs(results), {})
+
     def private_mean(self, server_round: int, results: Sequence[ClientResult],
                      total: torch.Tensor | None = None) -> torch.Tensor:
         """The round's client-level release: (Σ_i clip_C(Δ_i) + N(0, σ_Δ²C²I)) / k, the updates clipped by

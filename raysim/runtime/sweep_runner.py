@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import sys
 import threading
 from collections import deque
@@ -33,6 +32,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raysim.config import Config
 from raysim.config import run_id_for
+from raysim.runtime import head_starts
 from raysim.runtime.driver import init_ray
 # Imported here, not where it is used: in a Ray job's entrypoint, a module first imported after
 # ray.init() is not found in the job's working_dir (measured with `ray job submit --working-dir .`).
@@ -101,12 +101,8 @@ RunOne = Callable[..., dict[str, Any]]
 
 def first_run_head_starts(cfg: Config, address: str | None) -> bool:
     """Whether the sweep's first run starts in this process while the sweep starts its own local Ray:
-    as for ``raysim run`` (``runtime.head_start``, clients on CPUs of Ray actors, each returning its own
-    update), and only where no Ray is there to join."""
-    r = cfg.runtime
-    return (r.executor == "ray" and r.head_start and not r.sum_on_actors and r.num_gpus_per_client == 0
-            and not address and not r.address
-            and not os.environ.get("RAY_ADDRESS") and not ray.is_initialized())
+    where a ``raysim run`` of it would (:func:`raysim.runtime.head_starts`) and the sweep joins no Ray."""
+    return cfg.runtime.executor == "ray" and not address and head_starts(cfg)
 
 
 class SweepRay:
