@@ -18,6 +18,13 @@ train or aggregate: each client actor when it configures for a run, and the driv
 dynamic thresholds), so a pooled actor that once ran with it keeps it. On a C library other than
 glibc it does nothing and says so by returning False.
 
+:func:`spin_less` sets libgomp's spin count (``GOMP_SPINCOUNT``, :data:`GOMP_SPINCOUNT`) for a
+process that has not loaded torch yet, unless it is set already. After each parallel region
+libgomp's threads spin for up to 300,000 rounds (milliseconds here) before they sleep, and while
+they spin they hold the cores on which raysim draws a DP step's noise with extra threads
+(:mod:`raysim.noise`). The ``raysim`` command calls it before anything loads torch (a local
+Ray it starts inherits the setting) and so does each client actor as it starts. Speed only.
+
 This module imports only the standard library: a client actor loads it before torch.
 """
 
@@ -25,15 +32,19 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import sys
 from typing import Any
 
-__all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "tune_malloc", "malloc_tuned"]
+__all__ = ["GOMP_SPINCOUNT", "MMAP_THRESHOLD", "TRIM_THRESHOLD", "spin_less", "tune_malloc", "malloc_tuned"]
 
 #: Allocations below this many bytes come from the heap (glibc's default: dynamic, at most 32 MiB).
 MMAP_THRESHOLD = 64 * 2**20
 #: Freed memory at the top of the heap is returned to the OS only above this many bytes.
 TRIM_THRESHOLD = 256 * 2**20
+
+#: libgomp's spin count in the processes raysim starts (its default is 300,000).
+GOMP_SPINCOUNT = "10000"
 
 _M_TRIM_THRESHOLD = -1     # glibc <malloc.h>
 _M_MMAP_THRESHOLD = -3
@@ -66,6 +77,13 @@ def tune_malloc() -> bool:
     ok = libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1 and ok
     _tuned = ok
     return ok
+
+
+def spin_less() -> None:
+    """Set ``GOMP_SPINCOUNT`` to :data:`GOMP_SPINCOUNT` unless it is set, in a process that has not
+    loaded torch yet (libgomp reads it once, when torch loads it)."""
+    if "torch" not in sys.modules:
+        os.environ.setdefault("GOMP_SPINCOUNT", GOMP_SPINCOUNT)
 
 
 def malloc_tuned() -> bool:

@@ -14,7 +14,7 @@ import zlib
 import numpy as np
 import torch
 
-__all__ = ["seed_sequence", "np_generator", "torch_generator", "purpose_id", "GLOBAL"]
+__all__ = ["seed_sequence", "np_generator", "torch_generator", "torch_generators", "purpose_id", "GLOBAL"]
 
 #: ``client_id`` used for streams that belong to the server rather than a client.
 GLOBAL = -1
@@ -50,7 +50,17 @@ def np_generator(seed: int, purpose: str, server_round: int = 0, client_id: int 
 def torch_generator(seed: int, purpose: str, server_round: int = 0, client_id: int = GLOBAL, *extra: int,
                     device: str | torch.device = "cpu") -> torch.Generator:
     """``torch.Generator`` for one stream, seeded from the same key derivation."""
-    state = seed_sequence(seed, purpose, server_round, client_id, *extra).generate_state(1, dtype=np.uint64)[0]
-    gen = torch.Generator(device=device)
-    gen.manual_seed(int(state) & 0x7FFF_FFFF_FFFF_FFFF)
-    return gen
+    return torch_generators(1, seed, purpose, server_round, client_id, *extra, device=device)[0]
+
+
+def torch_generators(count: int, seed: int, purpose: str, server_round: int = 0, client_id: int = GLOBAL,
+                     *extra: int, device: str | torch.device = "cpu") -> list[torch.Generator]:
+    """``count`` generators for one stream, the k-th seeded with the k-th 64-bit word of the key's
+    ``SeedSequence`` state; the first is :func:`torch_generator`'s, whatever ``count`` is."""
+    states = seed_sequence(seed, purpose, server_round, client_id, *extra).generate_state(count, dtype=np.uint64)
+    gens = []
+    for state in states:
+        gen = torch.Generator(device=device)
+        gen.manual_seed(int(state) & 0x7FFF_FFFF_FFFF_FFFF)
+        gens.append(gen)
+    return gens

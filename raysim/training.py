@@ -20,7 +20,8 @@ from torch import nn
 from raysim.algorithms.base import ClientHooks
 from raysim.privacy.clipping import privatize
 from raysim.privacy.grad_sample import GradSampleEngine, LayerCanaries, SparseExamples
-from raysim.rng import np_generator, torch_generator
+from raysim.noise import GaussianNoise
+from raysim.rng import np_generator
 
 
 def steps_per_epoch(num_samples: int, batch_size: int) -> int:
@@ -117,11 +118,11 @@ def local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, hooks: Clien
             release = iter(range(hooks.releases_per_step))
 
             def compute(xb=xb, yb=yb, step=step):
-                gen = torch_generator(seed, "dp-noise", task.server_round, client_id, step, next(release),
+                noise = GaussianNoise(seed, "dp-noise", task.server_round, client_id, step, next(release),
                                       device=x.device)
                 return privatize(model, xb, yb, mode=clipping, clip_norm=task.clip_norm,
                                  noise_multiplier=task.noise_multiplier, expected_batch_size=expected_batch,
-                                 generator=gen, engine=engine, per_layer=per_layer,
+                                 noise=noise, engine=engine, per_layer=per_layer,
                                  canaries=canaries(step) if canaries is not None else None)
 
             private = hooks.private_gradient(params, compute)

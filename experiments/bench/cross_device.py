@@ -57,6 +57,10 @@ from pathlib import Path
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
+from raysim.allocator import spin_less  # noqa: E402
+
+spin_less()        # as the raysim command does, before torch loads (and the local Ray this starts inherits it)
+
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402

@@ -36,16 +36,20 @@ import time
 import warnings
 from collections.abc import Callable
 
-import torch
-import torch.nn.functional as F
-from torch import nn
+from raysim.allocator import spin_less, tune_malloc
 
-from raysim.allocator import tune_malloc
-from raysim.config import MODEL_NAMES
-from raysim.models import build_backbone
-from raysim.privacy.clipping import privatize
-from raysim.privacy.grad_sample import make_engine
-from raysim.rng import torch_generator
+spin_less()        # as the raysim command does: libgomp reads it when torch loads
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+from raysim.config import MODEL_NAMES  # noqa: E402
+from raysim.models import build_backbone  # noqa: E402
+from raysim.privacy.clipping import privatize  # noqa: E402
+from raysim.privacy.grad_sample import make_engine  # noqa: E402
+from raysim.noise import GaussianNoise  # noqa: E402
+from raysim.rng import torch_generator  # noqa: E402
 
 CLIP_NORM, NOISE_MULTIPLIER, LR = 1.0, 1.0, 0.01
 
@@ -71,11 +75,12 @@ def _raysim(mode: str, engine_name: str) -> Callable[[nn.Module, argparse.Namesp
     def factory(model: nn.Module, args) -> Step:
         opt = torch.optim.SGD(model.parameters(), lr=LR)
         engine = make_engine(engine_name)
-        gen = torch_generator(args.seed, "bench_noise")
+        steps = iter(range(10**9))
 
         def step(x, y):
             out = privatize(model, x, y, mode=mode, clip_norm=CLIP_NORM, noise_multiplier=NOISE_MULTIPLIER,
-                            expected_batch_size=args.batch_size, generator=gen, engine=engine)
+                            expected_batch_size=args.batch_size, noise=GaussianNoise(args.seed, "bench_noise", next(steps)),
+                            engine=engine)
             for p, g in zip(model.parameters(), out.grads):
                 p.grad = g
             opt.step()
@@ -214,7 +219,6 @@ def profile(args: argparse.Namespace) -> list[dict]:
     model = build_backbone(args.model, 3, 32, 10, lldm=args.lldm)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     engine = make_engine("bk")
-    noise_gen = torch_generator(args.seed, "bench_noise")
     times: dict[str, list[float]] = {}
     clock = {"t": 0.0}
 
@@ -237,7 +241,8 @@ def profile(args: argparse.Namespace) -> list[dict]:
         x, y = batches[i % len(batches)]
         start = clock["t"] = CLOCK[0]()
         out = privatize(model, x, y, mode="per_sample", clip_norm=CLIP_NORM, noise_multiplier=NOISE_MULTIPLIER,
-                        expected_batch_size=args.batch_size, generator=noise_gen, engine=engine)
+                        expected_batch_size=args.batch_size, noise=GaussianNoise(args.seed, "bench_noise", i),
+                        engine=engine)
         for p, g in zip(model.parameters(), out.grads):
             p.grad = g
         opt.step()

@@ -23,7 +23,7 @@ from raysim.algorithms import flat
 from raysim.algorithms.uploads import Upload
 from raysim.config import Config
 from raysim.messages import ClientResult, ClientTask, RoundPayload
-from raysim.rng import torch_generator
+from raysim.noise import GaussianNoise
 
 
 class ClientStates(Protocol):
@@ -186,8 +186,7 @@ class Server:
         if total is None:
             total = self.client_sum(results)
         std = plan.update_noise_std(server_round, float(clip))
-        gen = torch_generator(self.cfg.train_seed, "server-dp-noise", server_round)
-        noise = torch.empty(self.ctx.num_params, dtype=torch.float32).normal_(0.0, std, generator=gen)
+        noise = GaussianNoise(self.cfg.train_seed, "server-dp-noise", server_round).vector(self.ctx.num_params, std)
         return (total / plan.denominator + noise.double()).to(torch.float32)
 
     def client_sum(self, results: Sequence[ClientResult]) -> torch.Tensor:

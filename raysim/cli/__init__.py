@@ -13,6 +13,7 @@ import sys
 import traceback
 from typing import Sequence
 
+from raysim.allocator import spin_less
 from raysim.cli import audit, methods, privacy, report, run, sweep, tune
 from raysim.config import ConfigError
 from raysim.plugins import PluginError
@@ -57,6 +58,7 @@ def _user_message(exc: BaseException) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    spin_less()       # before any command loads torch
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

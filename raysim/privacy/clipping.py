@@ -31,6 +31,7 @@ from torch import nn
 
 from raysim.config import CLIPPING_MODES
 from raysim.privacy.grad_sample import GradSampleEngine, SparseExamples, layer_param_indices, clip_factors
+from raysim.noise import GaussianNoise
 
 __all__ = ["CLIPPING_MODES", "PrivateGrad", "privatize", "accounting_noise_multiplier", "total_sensitivity",
            "clip_update"]
@@ -89,16 +90,13 @@ def _check_mode(mode: str) -> None:
         raise ValueError(f"privacy.clipping must be one of {CLIPPING_MODES}, got {mode!r}")
 
 
-def _gaussian_like(grads: list[torch.Tensor], std: float, generator: torch.Generator | None) -> list[torch.Tensor]:
+def _gaussian_like(tensors: list[torch.Tensor], std: float, noise: GaussianNoise | None) -> list[torch.Tensor]:
     if std == 0.0:
-        return [torch.zeros_like(g) for g in grads]
-    if generator is None:
-        raise ValueError("noise needs an explicit torch.Generator (raysim never draws DP noise from the "
-                         "global RNG); derive one with raysim.rng.torch_generator")
-    # One pass per tensor: normal_ scales by std as it draws (the same bits as randn(...).mul_(std)
-    # for tensors of 16 elements or more).
-    return [torch.empty(g.shape, dtype=g.dtype, device=g.device).normal_(0.0, std, generator=generator)
-            for g in grads]
+        return [torch.zeros_like(t) for t in tensors]
+    if noise is None:
+        raise ValueError("noise needs an explicit key (raysim never draws DP noise from the global RNG); "
+                         "pass a raysim.noise.GaussianNoise")
+    return noise.like(tensors, std)
 
 
 def _mean_gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[list[torch.Tensor], float]:
@@ -123,7 +121,7 @@ def _layer_norms(grads: list[torch.Tensor], groups: list[list[int]]) -> torch.Te
 
 def privatize(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, mode: str,
               clip_norm: float | Sequence[float], noise_multiplier: float, expected_batch_size: int,
-              generator: torch.Generator | None, engine: GradSampleEngine,
+              noise: GaussianNoise | None, engine: GradSampleEngine,
               per_layer: bool = False, canaries: SparseExamples | None = None) -> PrivateGrad:
     """Gradient estimate for one local step under clipping ``mode`` (see the module docstring).
 
@@ -155,8 +153,8 @@ def privatize(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, mode: str,
         # first and the engine accumulates into it, one multi-MB pass per parameter fewer.
         scale = 1.0 / expected_batch_size
         std = noise_multiplier * total_sensitivity(clip_norm, per_layer)
-        noise = _gaussian_like(list(model.parameters()), std * scale, generator)
-        res = engine.clipped_sum(model, x, y, clip_norm, per_layer=per_layer, scale=scale, out=noise, extra=canaries)
+        drawn = _gaussian_like(list(model.parameters()), std * scale, noise)
+        res = engine.clipped_sum(model, x, y, clip_norm, per_layer=per_layer, scale=scale, out=drawn, extra=canaries)
         grads = res.grads
         return PrivateGrad(grads=grads, loss_mean=res.loss_sum / batch if batch else 0.0, batch_size=batch,
                            num_clipped=res.num_clipped, frac_clipped=res.num_clipped / batch if batch else 0.0,
@@ -175,9 +173,9 @@ def privatize(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, mode: str,
         factors, clipped = clip_factors(norms.unsqueeze(0), clip_norm, per_layer)
         layer_of = {j: k for k, ids in enumerate(groups) for j in ids}
         std = noise_multiplier * total_sensitivity(clip_norm, per_layer)
-        noise = _gaussian_like(grads, std, generator)
+        drawn = _gaussian_like(grads, std, noise)
         out = [n.add_(g * factors[0, layer_of[j]]) if j in layer_of else n.add_(g)
-               for j, (g, n) in enumerate(zip(grads, noise))]
+               for j, (g, n) in enumerate(zip(grads, drawn))]
     num_clipped = batch if clipped else 0
     return PrivateGrad(grads=out, loss_mean=loss_mean, batch_size=batch, num_clipped=num_clipped,
                        frac_clipped=float(bool(clipped)) if batch else 0.0)

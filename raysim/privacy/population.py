@@ -41,7 +41,7 @@ from raysim.config import Config, ConfigError
 from raysim.lazy import LazyModule
 from raysim.participation import rounds_per_pass
 from raysim.privacy.accounting import PrivacyLedger, StepEvent, compute_epsilon, smallest_noise
-from raysim.rng import torch_generator
+from raysim.noise import GaussianNoise
 
 dp_accounting = LazyModule("dp_accounting")
 rdp_privacy_accountant = LazyModule("dp_accounting.rdp.rdp_privacy_accountant")
@@ -137,8 +137,7 @@ def prefix_noise(seed: int, pass_index: int, prefix: int, std: float, size: int)
     level, index)``, so every prefix that contains a node reuses that node's noise."""
     total = torch.zeros(size, dtype=torch.float64)
     for level, index in tree_nodes(prefix):
-        gen = torch_generator(seed, "tree-noise", pass_index + 1, level, index)
-        total += torch.empty(size, dtype=torch.float32).normal_(0.0, std, generator=gen).double()
+        total += GaussianNoise(seed, "tree-noise", pass_index + 1, level, index).vector(size, std).double()
     return total
 
 

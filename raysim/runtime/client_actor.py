@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import ray
 
+from raysim.allocator import spin_less
+
 if TYPE_CHECKING:
     from raysim.client import ClientRunner
     from raysim.config import Config, DataConfig, RuntimeConfig
@@ -43,6 +45,7 @@ class ClientActor:
     """
 
     def __init__(self, gpu_memory_fraction: float | None = None) -> None:
+        spin_less()       # before torch loads in this process
         if gpu_memory_fraction is not None:
             import torch
             if torch.cuda.is_available():

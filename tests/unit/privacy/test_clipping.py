@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from raysim.models.cnn import build_model
 from raysim.privacy.clipping import CLIPPING_MODES, accounting_noise_multiplier, privatize
 from raysim.privacy.grad_sample import SparseExamples, make_engine
-from raysim.rng import torch_generator
+from raysim.noise import GaussianNoise
 
 
 def _setup(batch=8, seed=0, lldm=False):
@@ -25,7 +25,7 @@ def _setup(batch=8, seed=0, lldm=False):
 
 def _run(model, x, y, mode="per_sample", clip=0.5, sigma=1.0, expected=10, gen=None, per_layer=False):
     return privatize(model, x, y, mode=mode, clip_norm=clip, noise_multiplier=sigma, expected_batch_size=expected,
-                     generator=gen, engine=make_engine("bk"), per_layer=per_layer)
+                     noise=gen, engine=make_engine("bk"), per_layer=per_layer)
 
 
 def _flat(grads):
@@ -64,7 +64,7 @@ def test_per_sample_noise_std(per_layer):
     sensitivity = math.sqrt(0.01 + 0.04 + 0.09 + 0.16) if per_layer else 0.5
     sigma, expected = 1.3, 16
     clean = _run(model, x, y, clip=clip, sigma=0.0, expected=expected, per_layer=per_layer)
-    noisy = _run(model, x, y, clip=clip, sigma=sigma, expected=expected, gen=torch_generator(7, "dp_noise"),
+    noisy = _run(model, x, y, clip=clip, sigma=sigma, expected=expected, gen=GaussianNoise(7, "dp_noise"),
                  per_layer=per_layer)
     noise = _flat(noisy.grads) - _flat(clean.grads)
     assert noise.numel() > 150_000  # std estimate error ≈ 1/sqrt(2n) ≈ 0.2%, far inside 2%
@@ -76,7 +76,7 @@ def test_per_sample_noise_std(per_layer):
 def test_empty_batch_still_gets_noise():
     model, _, _ = _setup()
     x, y = torch.zeros(0, 1, 8, 8, dtype=torch.float64), torch.zeros(0, dtype=torch.long)
-    out = _run(model, x, y, sigma=2.0, expected=16, gen=torch_generator(0, "dp_noise"))
+    out = _run(model, x, y, sigma=2.0, expected=16, gen=GaussianNoise(0, "dp_noise"))
     assert out.batch_size == 0 and out.num_clipped == 0 and out.frac_clipped == 0.0 and out.loss_mean == 0.0
     assert float(_flat(out.grads).std()) == pytest.approx(2.0 * 0.5 / 16, rel=0.02)
 
@@ -84,17 +84,17 @@ def test_empty_batch_still_gets_noise():
 def test_seeding_same_different_and_explicit_generator_wins():
     model, x, y = _setup()
     torch.manual_seed(1)
-    a = _flat(_run(model, x, y, gen=torch.Generator().manual_seed(3)).grads)
+    a = _flat(_run(model, x, y, gen=GaussianNoise(3, "dp_noise")).grads)
     torch.manual_seed(2)  # the global seed must not matter
-    b = _flat(_run(model, x, y, gen=torch.Generator().manual_seed(3)).grads)
-    c = _flat(_run(model, x, y, gen=torch.Generator().manual_seed(4)).grads)
+    b = _flat(_run(model, x, y, gen=GaussianNoise(3, "dp_noise")).grads)
+    c = _flat(_run(model, x, y, gen=GaussianNoise(4, "dp_noise")).grads)
     assert torch.equal(a, b)
     assert not torch.allclose(a, c)
 
 
 def test_noise_without_generator_is_refused():
     model, x, y = _setup()
-    with pytest.raises(ValueError, match="Generator"):
+    with pytest.raises(ValueError, match="GaussianNoise"):
         _run(model, x, y, gen=None, sigma=1.0)
     _run(model, x, y, gen=None, sigma=0.0)  # no noise, no generator needed
 
@@ -126,7 +126,7 @@ def test_batch_mode_clips_mean_gradient():
 def test_batch_mode_noise_is_not_divided_by_batch_size():
     model, x, y = _setup()
     clean = _run(model, x, y, mode="batch", clip=0.1, sigma=0.0)
-    noisy = _run(model, x, y, mode="batch", clip=0.1, sigma=0.8, gen=torch_generator(1, "dp_noise"))
+    noisy = _run(model, x, y, mode="batch", clip=0.1, sigma=0.8, gen=GaussianNoise(1, "dp_noise"))
     noise = _flat(noisy.grads) - _flat(clean.grads)
     assert float(noise.std()) == pytest.approx(0.8 * 0.1, rel=0.02)
 
@@ -174,9 +174,9 @@ def test_per_sample_noise_does_not_depend_on_the_realised_batch_size(realised):
     sigma, clip, expected = 1.3, 0.5, 10
     xb, yb = x[:realised], y[:realised]
     clean = _run(model, xb, yb, clip=clip, sigma=0.0, expected=expected)
-    noisy = _run(model, xb, yb, clip=clip, sigma=sigma, expected=expected, gen=torch_generator(11, "dp_noise"))
+    noisy = _run(model, xb, yb, clip=clip, sigma=sigma, expected=expected, gen=GaussianNoise(11, "dp_noise"))
     noise = _flat(noisy.grads) - _flat(clean.grads)
-    reference = _run(model, x[:0], y[:0], clip=clip, sigma=sigma, expected=expected, gen=torch_generator(11, "dp_noise"))
+    reference = _run(model, x[:0], y[:0], clip=clip, sigma=sigma, expected=expected, gen=GaussianNoise(11, "dp_noise"))
     torch.testing.assert_close(noise, _flat(reference.grads), rtol=0, atol=1e-12)
     assert float(noise.std()) == pytest.approx(sigma * clip / expected, rel=0.02)
 
@@ -206,11 +206,11 @@ def test_extra_examples_are_clipped_with_the_batch_through_the_engine(engine):
     for c in range(3):
         want = [w + e[c] * (0.5 / (float(extra_norms[c]) + 1e-6)) for w, e in zip(want, extra)]
     out = privatize(model, x, y, mode="per_sample", clip_norm=0.5, noise_multiplier=0.0, expected_batch_size=10,
-                    generator=None, engine=make_engine(engine), canaries=sparse)
+                    noise=None, engine=make_engine(engine), canaries=sparse)
     for g, w in zip(out.grads, want):
         torch.testing.assert_close(g, w / 10, rtol=1e-5, atol=1e-9)
     empty = privatize(model, x[:0], y[:0], mode="per_sample", clip_norm=0.5, noise_multiplier=0.0,
-                      expected_batch_size=10, generator=None, engine=make_engine(engine), canaries=sparse)
+                      expected_batch_size=10, noise=None, engine=make_engine(engine), canaries=sparse)
     only = [sum(e[c] * (0.5 / (float(extra_norms[c]) + 1e-6)) for c in range(3)) / 10 for e in extra]
     for g, w in zip(empty.grads, only):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-9)
@@ -224,6 +224,6 @@ def test_batch_clipping_takes_the_extra_examples_into_the_mean_before_clipping()
     mean = [(g + e.sum(0)) / 8 for g, e in zip(torch.autograd.grad(loss, params), extra)]
     norm = float(torch.cat([m.flatten() for m in mean]).norm())
     out = privatize(model, x, y, mode="batch", clip_norm=0.5, noise_multiplier=0.0, expected_batch_size=10,
-                    generator=None, engine=make_engine("bk"), canaries=sparse)
+                    noise=None, engine=make_engine("bk"), canaries=sparse)
     for g, m in zip(out.grads, mean):
         torch.testing.assert_close(g, m * min(1.0, 0.5 / (norm + 1e-6)), rtol=1e-6, atol=1e-12)

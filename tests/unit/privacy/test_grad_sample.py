@@ -464,7 +464,7 @@ def test_thread_count_changes_only_the_last_bits():
     """One DP step of the paper CNN (noise included) is bit-identical run to run at a fixed thread
     count; between 1 and 2 threads it differs by float32 rounding only (docs/cluster.md)."""
     from raysim.privacy.clipping import privatize
-    from raysim.rng import torch_generator
+    from raysim.noise import GaussianNoise
 
     def step(threads: int) -> list[torch.Tensor]:
         torch.set_num_threads(threads)
@@ -475,7 +475,7 @@ def test_thread_count_changes_only_the_last_bits():
         gen = torch.Generator().manual_seed(1)
         x, y = torch.randn(32, 3, 32, 32, generator=gen), torch.randint(0, 10, (32,), generator=gen)
         return privatize(model, x, y, mode="per_sample", clip_norm=1.0, noise_multiplier=1.0, expected_batch_size=32,
-                         generator=torch_generator(0, "noise"), engine=make_engine("bk")).grads
+                         noise=GaussianNoise(0, "noise"), engine=make_engine("bk")).grads
 
     before = torch.get_num_threads()
     try:
