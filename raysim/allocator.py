@@ -4,8 +4,8 @@ By default glibc serves every allocation above a (dynamic) threshold of 128 kB t
 ``mmap`` and gives it back with ``munmap`` when freed, and it trims freed memory at the top of the
 heap. A DP step allocates many such buffers (the noise, the per-example conv gradients, the
 clipped sums, autograd's activations and output gradients), so every step pays a page fault per
-4 kB page of each of them again: on the paper CNN at batch 64 with 2 threads, 5,748 minor faults
-per ``bk`` step, against 131 with the settings below (the page-fault column of
+4 kB page of each of them again: on the paper CNN at batch 64 with 2 threads, 8,193 minor faults
+per ``bk`` step, against 128 with the settings below (the page-fault column of
 ``python experiments/bench/dp_step.py --no-malloc-tuning`` against its default, one run each;
 ``tests/unit/runtime/test_allocator.py``).
 
@@ -23,7 +23,7 @@ process that has not loaded torch yet, unless it is set already. After each para
 libgomp's threads spin for up to 300,000 rounds (milliseconds here) before they sleep, and while
 they spin they hold the cores on which raysim draws a DP step's noise with extra threads
 (:mod:`raysim.noise`). The ``raysim`` command calls it before anything loads torch (a local
-Ray it starts inherits the setting) and so does each client actor as it starts. Speed only.
+Ray it starts inherits the setting), and so do the client and driver actors as they start. Speed only.
 
 This module imports only the standard library: a client actor loads it before torch.
 """

@@ -18,8 +18,10 @@ the timed steps.
 
 The process runs with the glibc malloc settings raysim applies wherever it trains
 (:func:`raysim.allocator.tune_malloc`, ``runtime.malloc_tuning``), plain SGD included;
-``--no-malloc-tuning`` measures glibc's defaults instead. The setting is per process, so the two
-cannot be compared in one run: compare runs, and the ratios within each. ``--cpu-time`` times with
+``--no-malloc-tuning`` measures glibc's defaults instead. It also runs with the OpenMP spin count
+the ``raysim`` command sets (:func:`raysim.allocator.spin_less`) unless ``GOMP_SPINCOUNT`` is set:
+``GOMP_SPINCOUNT=300000 python experiments/bench/dp_step.py ...`` measures libgomp's default. These
+settings are per process, so they cannot be compared in one run: compare runs, and the ratios within each. ``--cpu-time`` times with
 the process's CPU time instead of the wall clock: on a machine shared with other work, at 1 thread,
 it measures the work itself.
 """

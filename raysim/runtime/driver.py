@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import ray
 
+from raysim.allocator import spin_less
 from raysim.runtime.client_actor import ActorNeeds, start_client_actors, warm_actors
 
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ class DriverActor:
     then serve the next run of a sweep)."""
 
     def __init__(self) -> None:
+        spin_less()       # before torch loads in this process
         self.executor: RayExecutor | None = None
         self.sim: Simulation | None = None
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
+from raysim.allocator import GOMP_SPINCOUNT
 from raysim.config import config_from_dict
 from raysim.data import load_dataset
 
@@ -35,6 +38,7 @@ def test_client_actor_import_path(ray_session):
                                                     ("run-a", cfg, "per_sample", train_ref)))
         assert result.client_id == 0 and result.num_samples == 64
         loaded = set(ray_session.get(actor.modules.remote()))
+        spin = ray_session.get(actor.__ray_call__.remote(lambda self: __import__("os").environ.get("GOMP_SPINCOUNT")))
     finally:
         ray_session.kill(actor)
     # Ray's own serialization context imports pyarrow in every worker that deserialises an argument
@@ -43,6 +47,7 @@ def test_client_actor_import_path(ray_session):
     present = [m for m in FORBIDDEN if m != "pyarrow" and _loaded(m, loaded)]
     assert not present, f"a client actor imported {present}"
     assert "torch" in loaded and "raysim.client" in loaded
+    assert spin == os.environ.get("GOMP_SPINCOUNT", GOMP_SPINCOUNT)   # set before torch loaded (spin_less)
 
 
 def _loaded(module: str, names: set[str]) -> bool:
