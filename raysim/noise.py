@@ -1,17 +1,17 @@
 """The Gaussian noise of every DP release, drawn in blocks that several threads can draw at once.
 
-A release's noise over some tensors (taken in order, each flattened: n elements in all) is drawn in
-blocks of :data:`BLOCK` consecutive elements, block b from its own generator, seeded with the b-th
-64-bit word of the key's seed state (:func:`raysim.rng.torch_generators`; block 0's generator is the
-key's :func:`~raysim.rng.torch_generator`, so noise of at most one block is that generator's draw). The bits therefore depend only on the key and the
-tensors' shapes, never on the thread count or the machine. torch's CPU generator draws one element
-after another, so one generator keeps one core busy while the others wait: with T torch threads
-(``runtime.torch_threads``) the blocks are cut into T contiguous runs of about equal size, drawn on T
-threads at once.
+A release's noise over some tensors (taken in order, each flattened) is drawn in blocks of
+:data:`BLOCK` consecutive elements, block b from its own generator, seeded with the b-th 64-bit word
+of the key's seed state (:func:`raysim.rng.torch_generators`). Block 0's generator is the key's
+:func:`~raysim.rng.torch_generator`, so noise of at most one block is that generator's draw. The bits
+depend only on the key and the tensors' shapes, never on the thread count or the machine.
 
-libgomp's threads spin for a while after each parallel region before they sleep, and while they spin
-they hold the cores the extra threads need: :func:`raysim.allocator.spin_less` shortens the spin in
-the processes raysim starts (docs/performance.md).
+torch's CPU generator draws one element after another, so one generator keeps one core busy while
+the others wait: with T torch threads (``runtime.torch_threads``) the blocks are cut into T
+contiguous runs of about equal size, drawn on T threads at once. libgomp's threads spin for a while
+after each parallel region before they sleep, and while they spin they hold the cores those threads
+need: :func:`raysim.allocator.spin_less` shortens the spin in the processes raysim starts
+(docs/performance.md).
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ def _workers(count: int) -> ThreadPoolExecutor:
     """A pool of ``count`` threads for this process (a forked child makes its own)."""
     global _pool
     if _pool is None or _pool[0] != os.getpid() or _pool[1] != count:
+        if _pool is not None and _pool[0] == os.getpid():
+            _pool[2].shutdown(wait=False)
         _pool = (os.getpid(), count, ThreadPoolExecutor(count, thread_name_prefix="raysim-noise"))
     return _pool[2]
 
@@ -81,7 +83,8 @@ class GaussianNoise:
                 blocks[-1].append(f[start:start + take])
                 sizes[-1] += take
                 start += take
-
+        if not blocks:
+            return out
         gens = torch_generators(len(blocks), *self.key, device=self.device)
 
         def draw(run: range) -> None:

@@ -13,8 +13,9 @@ An engine that cannot run the model is reported as "unsupported: <reason>", not 
 ``--profile`` instead times the phases of raysim's per-sample step (``privatize`` with the ``bk``
 engine, as local training calls it): the noise draw, then the engine's own phases as it reports
 them through its ``on_phase`` hook (forward, backward to the layer outputs, each layer's per-example
-norms, the clip factors, each layer's clipped sum), then the optimiser step; min and median over
-the timed steps.
+norms, the clip factors, each layer's clipped sum), then the optimiser step; and, in turn with each
+of its steps, the forward pass, backward pass and optimiser step of plain SGD in channels-last on
+the same batch; min and median over the timed steps.
 
 The process runs with the glibc malloc settings raysim applies wherever it trains
 (:func:`raysim.allocator.tune_malloc`, ``runtime.malloc_tuning``), plain SGD included;
@@ -210,7 +211,8 @@ def _markdown(rows: list[dict]) -> str:
 
 
 def profile(args: argparse.Namespace) -> list[dict]:
-    """Phase times (ms) of the real per-sample DP step, through the ``bk`` engine's ``on_phase`` hook."""
+    """Phase times (ms) of the real per-sample DP step, through the ``bk`` engine's ``on_phase`` hook,
+    and, step by step in turn with it, of plain SGD in channels-last on the same batches."""
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.malloc_tuning:
@@ -219,7 +221,8 @@ def profile(args: argparse.Namespace) -> list[dict]:
     batches = [(torch.randn(args.batch_size, 3, 32, 32, generator=gen),
                 torch.randint(0, 10, (args.batch_size,), generator=gen)) for _ in range(4)]
     model = build_backbone(args.model, 3, 32, 10, lldm=args.lldm)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    plain = copy.deepcopy(model).to(memory_format=torch.channels_last)
+    opt, plain_opt = torch.optim.SGD(model.parameters(), lr=LR), torch.optim.SGD(plain.parameters(), lr=LR)
     engine = make_engine("bk")
     times: dict[str, list[float]] = {}
     clock = {"t": 0.0}
@@ -250,6 +253,16 @@ def profile(args: argparse.Namespace) -> list[dict]:
         opt.step()
         lap("optimiser step")
         times.setdefault("TOTAL DP step", []).append((CLOCK[0]() - start) * 1e3)
+
+        start = clock["t"] = CLOCK[0]()
+        plain_opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(plain(x.contiguous(memory_format=torch.channels_last)), y)
+        lap("plain SGD, channels-last: forward")
+        loss.backward()
+        lap("plain SGD, channels-last: backward, weight gradients included")
+        plain_opt.step()
+        lap("plain SGD, channels-last: optimiser step")
+        times.setdefault("TOTAL plain SGD step, channels-last", []).append((CLOCK[0]() - start) * 1e3)
     return [{"phase": k, "min_ms": min(v), "median_ms": statistics.median(v)} for k, v in times.items()]
 
 

@@ -34,6 +34,7 @@ def test_dp_step_compares_engines_and_profiles_the_real_engine():
                                                   "0", "--batch-size", "8", "--threads", "1"))}
     assert {"noise", "forward", "backward", "clip factors", "optimiser step", "TOTAL DP step"} <= phases
     assert any(p.startswith("norms ") for p in phases) and any(p.startswith("clipped sum ") for p in phases)
+    assert {"plain SGD, channels-last: forward", "TOTAL plain SGD step, channels-last"} <= phases
 
 
 def test_stacked_clients_trains_the_same_weights():

@@ -55,6 +55,7 @@ def test_noise_within_one_block_is_the_keys_generator_draw_and_generators_extend
 
 def test_scale_zero_and_distribution():
     assert all(not t.any() for t in GaussianNoise(0, "p").like([torch.empty(5, 5)], 0.0))
+    assert [t.shape for t in GaussianNoise(0, "p").like([torch.empty(0), torch.empty(3, 0)], 1.0)] == [(0,), (3, 0)]
     v = GaussianNoise(0, "p").vector(3 * BLOCK, 1.5).double()
     assert abs(float(v.mean())) < 0.01
     assert abs(float(v.std()) - 1.5) < 0.01
