@@ -83,3 +83,11 @@ def test_spin_less_sets_the_spin_count_only_before_torch_loads_and_never_over_th
             + "from raysim.allocator import spin_less\nspin_less()\nprint(os.environ.get('GOMP_SPINCOUNT'))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str(expected)
+
+
+def test_the_raysim_command_sets_the_spin_count_before_its_command_runs():
+    env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
+    code = ("import os, raysim.cli\ntry:\n    raysim.cli.main(['methods'])\nfinally:\n"
+            "    print('SPIN', os.environ.get('GOMP_SPINCOUNT'))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip().splitlines()[-1] == "SPIN 10000", out.stdout[-500:] + out.stderr[-500:]
