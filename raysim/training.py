@@ -18,9 +18,9 @@ import torch
 from torch import nn
 
 from raysim.algorithms.base import ClientHooks
+from raysim.noise import GaussianNoise
 from raysim.privacy.clipping import privatize
 from raysim.privacy.grad_sample import GradSampleEngine, LayerCanaries, SparseExamples
-from raysim.noise import GaussianNoise
 from raysim.rng import np_generator
 
 
@@ -93,7 +93,8 @@ def local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, hooks: Clien
     """Run E local epochs of (DP-)SGD on (x, y) in place on ``model``.
 
     Random streams: batches from ``(seed, "batches", round, client)``, noise from
-    ``(seed, "dp-noise", round, client, step, release)`` — independent of where this runs.
+    ``(seed, "dp-noise", round, client, step, release)`` (drawn in blocks, :mod:`raysim.noise`) — independent
+    of where this runs and of the thread count.
     ``canaries(step)`` (the privacy audit only) gives that step's extra examples
     (:class:`~raysim.privacy.grad_sample.LayerCanaries` or
     :class:`~raysim.privacy.grad_sample.SparseExamples`), clipped and noised with the batch by :func:`privatize`.

@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from raysim.config import CLIPPING_MODES
-from raysim.privacy.grad_sample import GradSampleEngine, SparseExamples, layer_param_indices, clip_factors
 from raysim.noise import GaussianNoise
+from raysim.privacy.grad_sample import GradSampleEngine, SparseExamples, layer_param_indices, clip_factors
 
 __all__ = ["CLIPPING_MODES", "PrivateGrad", "privatize", "accounting_noise_multiplier", "total_sensitivity",
            "clip_update"]

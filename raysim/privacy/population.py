@@ -39,9 +39,9 @@ import torch
 
 from raysim.config import Config, ConfigError
 from raysim.lazy import LazyModule
+from raysim.noise import GaussianNoise
 from raysim.participation import rounds_per_pass
 from raysim.privacy.accounting import PrivacyLedger, StepEvent, compute_epsilon, smallest_noise
-from raysim.noise import GaussianNoise
 
 dp_accounting = LazyModule("dp_accounting")
 rdp_privacy_accountant = LazyModule("dp_accounting.rdp.rdp_privacy_accountant")
