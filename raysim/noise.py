@@ -89,9 +89,8 @@ class GaussianNoise:
 
         def draw(run: range) -> None:
             for b in run:
-                gen = gens[b]
                 for piece in blocks[b]:
-                    piece.normal_(0.0, std, generator=gen)
+                    piece.normal_(0.0, std, generator=gens[b])
 
         threads = torch.get_num_threads() if self.device.type == "cpu" else 1
         runs = _runs(sizes, min(threads, len(blocks)))

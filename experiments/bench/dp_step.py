@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import random
 import resource
@@ -78,7 +79,7 @@ def _raysim(mode: str, engine_name: str) -> Callable[[nn.Module, argparse.Namesp
     def factory(model: nn.Module, args) -> Step:
         opt = torch.optim.SGD(model.parameters(), lr=LR)
         engine = make_engine(engine_name)
-        steps = iter(range(10**9))
+        steps = itertools.count()
 
         def step(x, y):
             out = privatize(model, x, y, mode=mode, clip_norm=CLIP_NORM, noise_multiplier=NOISE_MULTIPLIER,
