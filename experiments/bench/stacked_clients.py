@@ -1,18 +1,27 @@
-"""Clients trained one after another against clients stacked into one computation (``torch.func.vmap``).
+"""One client actor's share of a cross-device round, trained one client at a time, stacked, or compiled.
 
-    python experiments/bench/stacked_clients.py [--clients 25] [--threads 1] [--repeats 5] [--json]
+    python experiments/bench/stacked_clients.py [--clients 25] [--threads 1] [--repeats 5] [--arms ...] [--json]
 
 A client actor of the cross-device workload trains its share of a round's cohort (25 of 50 clients
 on 2 cores) one client at a time: each client starts from the round's weights and takes 5 plain SGD
 steps at batch 10 on the paper CNN (3×32×32 inputs, channels-last, as a client actor keeps them).
-The stacked alternative trains the same clients as one model with a leading client dimension: their
-parameters stacked, ``vmap(grad(loss))`` over clients (``torch.func.functional_call``), which turns
-each convolution into one grouped convolution and each linear layer into one batched product, and
-one update of the stacked parameters a step. Both see the same batches (random inputs, seeded).
+Arms (``--arms``, all three by default):
 
-Timed alternately, ``--repeats`` times each after one warm-up pass, at ``--threads`` torch threads
-(1: one client actor's share of the 2-core VM); samples/s = clients × steps × batch / median time.
-The stacked result is checked against the loop's (max |Δw|, float32 summation order differs).
+- ``loop``: that, in eager PyTorch.
+- ``stacked``: the same clients trained as one model with a leading client dimension: their
+  parameters stacked, ``vmap(grad(loss))`` over clients (``torch.func.functional_call``), which turns
+  each convolution into one grouped convolution and each linear layer into one batched product, and
+  one update of the stacked parameters a step.
+- ``compiled``: the loop with the model under ``torch.compile`` (Inductor, default mode); its first
+  pass, which compiles the forward and backward graphs, is reported as ``first_pass_s``.
+
+All arms see the same batches (random inputs, seeded). Timed alternately, ``--repeats`` times each
+after one warm-up pass, at ``--threads`` torch threads (1: one client actor's share of the 2-core
+VM); samples/s = clients × steps × batch / median time. Each arm's weights are checked against the
+loop's (max |Δw|; the float32 summation order differs). The compute each arm does is put in
+GFLOP/s (the forward and backward FLOPs of one batch, counted by
+``torch.utils.flop_counter.FlopCounterMode``) beside a float32 matmul of 1024×1024 matrices at the
+same thread count, the machine's dense-compute speed.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import time
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
+from torch.utils.flop_counter import FlopCounterMode
 
 from raysim.models.cnn import build_model
 
@@ -37,8 +47,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--arms", default="loop,stacked,compiled",
+                    help="comma-separated, from loop, stacked, compiled (the loop is always run: the others are checked against it)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    wanted = {a.strip() for a in args.arms.split(",") if a.strip()}
+    if not wanted <= {"loop", "stacked", "compiled"}:
+        ap.error(f"--arms: unknown arm(s) {sorted(wanted - {'loop', 'stacked', 'compiled'})}; choose from loop, stacked, compiled")
     torch.set_num_threads(args.threads)
     k, steps, b = args.clients, args.steps, args.batch_size
     model = build_model(3, 32, 10)
@@ -48,7 +63,7 @@ def main() -> None:
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
     params = list(model.parameters())
 
-    def one_by_one() -> dict[str, torch.Tensor]:
+    def one_by_one(net: torch.nn.Module) -> dict[str, torch.Tensor]:
         ends = []
         for c in range(k):
             with torch.no_grad():
@@ -57,7 +72,7 @@ def main() -> None:
             for s in range(steps):
                 for p in params:
                     p.grad = None
-                F.cross_entropy(model(x[c, s].contiguous(memory_format=torch.channels_last)), y[c, s]).backward()
+                F.cross_entropy(net(x[c, s].contiguous(memory_format=torch.channels_last)), y[c, s]).backward()
                 with torch.no_grad():
                     for p in params:
                         p.add_(p.grad, alpha=-args.lr)
@@ -76,33 +91,59 @@ def main() -> None:
             p = {n: p[n] - args.lr * g[n] for n in p}
         return p
 
-    arms = {"one client at a time": one_by_one, "stacked (vmap over clients)": stacked}
+    arms = {"one client at a time": lambda: one_by_one(model)}
+    if "stacked" in wanted:
+        arms["stacked (vmap over clients)"] = stacked
+    if "compiled" in wanted:
+        compiled = torch.compile(model)
+        arms["one client at a time, torch.compile"] = lambda: one_by_one(compiled)
     times: dict[str, list[float]] = {name: [] for name in arms}
+    first: dict[str, float] = {}
     ends = {}
     for r in range(args.repeats + 1):
         for name, fn in arms.items():
             t = time.perf_counter()
             ends[name] = fn()
-            if r:   # the first pass warms up
+            if r:   # the first pass warms up (and compiles)
                 times[name].append(time.perf_counter() - t)
-    loop, stack = ends.values()
-    max_diff = max(float((loop[n] - stack[n]).abs().max()) for n in loop)
+            else:
+                first[name] = time.perf_counter() - t
+    loop = ends["one client at a time"]
+    with FlopCounterMode(display=False) as counter:
+        F.cross_entropy(model(x[0, 0].contiguous(memory_format=torch.channels_last)), y[0, 0]).backward()
+    flops_per_sample = counter.get_total_flops() / b
+    a = torch.randn(1024, 1024, generator=gen)
+    matmul = []
+    for _ in range(10):
+        t = time.perf_counter()
+        a @ a
+        matmul.append(time.perf_counter() - t)
+    matmul_gflops = 2 * 1024 ** 3 / statistics.median(matmul[2:]) / 1e9
     samples = k * steps * b
-    rows = [{"arm": name, "median_s": statistics.median(ts), "samples_per_s": samples / statistics.median(ts)}
-            for name, ts in times.items()]
+    rows = []
+    for name, ts in times.items():
+        rate = samples / statistics.median(ts)
+        rows.append({"arm": name, "median_s": statistics.median(ts), "samples_per_s": rate,
+                     "first_pass_s": first[name], "gflops_per_s": rate * flops_per_sample / 1e9,
+                     "max_abs_weight_difference": max(float((loop[n] - ends[name][n]).abs().max()) for n in loop)})
     base = rows[0]["samples_per_s"]
     for row in rows:
         row["ratio"] = row["samples_per_s"] / base
+        row["of_matmul_speed"] = row["gflops_per_s"] / matmul_gflops
     out = {"clients": k, "steps": steps, "batch_size": b, "threads": args.threads, "repeats": args.repeats,
-           "max_abs_weight_difference": max_diff, "rows": rows}
+           "gflop_per_sample": flops_per_sample / 1e9, "matmul_gflops_per_s": matmul_gflops, "rows": rows}
     if args.json:
         print(json.dumps(out))
         return
-    print(f"{k} clients × {steps} steps × batch {b}, paper CNN, {args.threads} thread(s), median of {args.repeats}\n")
-    print("| arm | median (s) | samples/s | × one at a time |\n|---|---|---|---|")
+    print(f"{k} clients × {steps} steps × batch {b}, paper CNN, {args.threads} thread(s), median of {args.repeats}; "
+          f"{flops_per_sample / 1e9:.4f} GFLOP a sample (forward and backward)\n")
+    print("| arm | median (s) | samples/s | × one at a time | GFLOP/s | × matmul | first pass (s) | max |Δw| |\n"
+          "|---|---|---|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row['arm']} | {row['median_s']:.3f} | {row['samples_per_s']:.1f} | {row['ratio']:.2f} |")
-    print(f"\nmax |w_stacked − w_loop| over all clients' weights: {max_diff:.2e}")
+        print(f"| {row['arm']} | {row['median_s']:.3f} | {row['samples_per_s']:.1f} | {row['ratio']:.2f} | "
+              f"{row['gflops_per_s']:.1f} | {row['of_matmul_speed']:.2f} | {row['first_pass_s']:.2f} | "
+              f"{row['max_abs_weight_difference']:.2e} |")
+    print(f"\nfloat32 matmul, 1024×1024 at {args.threads} thread(s): {matmul_gflops:.1f} GFLOP/s")
 
 
 if __name__ == "__main__":
