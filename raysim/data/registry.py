@@ -107,10 +107,10 @@ def dataset_names() -> list[str]:
 def _not_found(name: str, split: str, root: Path, tried: list[str], downloaded: bool) -> DatasetNotFoundError:
     listing = "; ".join(tried)
     if downloaded:
-        how = (f"torchvision's download into {root / name} finished but its files were not found there; "
+        how = (f"The download into {root / name} (torchvision) finished but its files were not found there; "
                f"check the folder's contents")
     else:
-        how = (f"to get it, set data.download: true on a machine with internet (torchvision then writes the "
+        how = (f"To get it, set data.download: true on a machine with internet (torchvision then writes the "
                f"official files under {root / name}), or put the Hugging Face Parquet export at "
                f"{root / name}/{split}-*.parquet")
     return DatasetNotFoundError(
