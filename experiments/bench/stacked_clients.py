@@ -137,7 +137,7 @@ def main() -> None:
         return
     print(f"{k} clients × {steps} steps × batch {b}, paper CNN, {args.threads} thread(s), median of {args.repeats}; "
           f"{flops_per_sample / 1e9:.4f} GFLOP a sample (forward and backward)\n")
-    print("| arm | median (s) | samples/s | × one at a time | GFLOP/s | × matmul | first pass (s) | max |Δw| |\n"
+    print("| arm | median (s) | samples/s | × one at a time | GFLOP/s | × matmul | first pass (s) | max abs Δw vs the loop |\n"
           "|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(f"| {row['arm']} | {row['median_s']:.3f} | {row['samples_per_s']:.1f} | {row['ratio']:.2f} | "
