@@ -38,6 +38,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from raysim.models.cnn import build_model
 
+ARMS = ("loop", "stacked", "compiled")
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -47,13 +49,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--lr", type=float, default=0.1)
-    ap.add_argument("--arms", default="loop,stacked,compiled",
+    ap.add_argument("--arms", default=",".join(ARMS),
                     help="comma-separated, from loop, stacked, compiled (the loop is always run: the others are checked against it)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     wanted = {a.strip() for a in args.arms.split(",") if a.strip()}
-    if not wanted <= {"loop", "stacked", "compiled"}:
-        ap.error(f"--arms: unknown arm(s) {sorted(wanted - {'loop', 'stacked', 'compiled'})}; choose from loop, stacked, compiled")
+    if not wanted <= set(ARMS):
+        ap.error(f"--arms: unknown arm(s) {sorted(wanted - set(ARMS))}; choose from {', '.join(ARMS)}")
     torch.set_num_threads(args.threads)
     k, steps, b = args.clients, args.steps, args.batch_size
     model = build_model(3, 32, 10)
