@@ -131,7 +131,8 @@ class ClientRunner:
                                       broadcast=to_device(payload.broadcast, self.device))
         task = dataclasses.replace(task, client_state=to_device(task.client_state, self.device))
         # A private copy: the parameters become views of it and are updated in place.
-        vector_to_parameters(payload.start_weights.clone(), model.parameters())
+        weights = payload.start_weights.clone()
+        vector_to_parameters(weights, model.parameters())
         seed, server_round, cid = self.cfg.train_seed, task.server_round, task.client_id
         # The pre-round norm pass (ADPC's histogram, the adaptive-quantile bit): every example's gradient
         # norm at the round's starting model, before training and independent of its sampling and noise.
@@ -144,8 +145,11 @@ class ClientRunner:
                             canaries=self.canaries(task) if self.canaries is not None else None)
         params = list(model.parameters())
         new_state = hooks.finalize(params, stats.num_steps)
-        with torch.no_grad():
-            end = parameters_to_vector(params).detach().clone()
+        if _tiles(weights, params):   # as vector_to_parameters left them: the end weights are in place
+            end = weights
+        else:                         # a hook gave a parameter storage of its own
+            with torch.no_grad():
+                end = parameters_to_vector(params).detach()
         delta = (end - payload.start_weights).cpu()
         frac_clipped, update_norm = stats.frac_clipped, None
         if client_level:
@@ -160,8 +164,20 @@ class ClientRunner:
         uploads, diagnostics = {}, {}
         for u in self.uploads:
             (diagnostics if u.release.kind == "diagnostic" else uploads)[u.name] = u.compute(ctx)
+        delta_norm = float(delta.norm())   # the rows' update norm; finite iff Δ is (an overflow is divergence too)
         return ClientResult(
             client_id=task.client_id, server_round=task.server_round, num_samples=len(y), num_steps=stats.num_steps,
             delta=delta, train_loss=stats.train_loss, frac_clipped=frac_clipped, uploads=uploads,
             diagnostics=diagnostics, client_state=new_state, seconds=time.perf_counter() - start,
-            device=self.device.type)
+            device=self.device.type, delta_norm=delta_norm)
+
+
+def _tiles(flat: torch.Tensor, params: list[torch.Tensor]) -> bool:
+    """Whether ``params`` are, in order, contiguous views of ``flat`` that cover it."""
+    offset, base, size = 0, flat.data_ptr(), flat.element_size()
+    for p in params:
+        if (p.dtype != flat.dtype or p.device != flat.device or not p.is_contiguous()
+                or p.data_ptr() != base + offset * size):
+            return False
+        offset += p.numel()
+    return offset == flat.numel()

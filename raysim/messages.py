@@ -107,7 +107,13 @@ class ClientResult(_Wire):
     client_state: dict[str, Any] | None = None
     seconds: float = 0.0
     device: str = "cpu"               # where the client trained (its DP noise generator follows the device)
-    #: ‖Δw_i‖, computed where the client trained when its worker summed the round's updates
-    #: (``runtime.sum_on_actors``): ``delta`` is then empty and the sum travels instead
+    #: ‖Δw_i‖ (float32 ``delta.norm()``), computed where the client trained, so that the server neither
+    #: reads Δ again to check that it is finite nor to log its norm (a function of Δ, which the server
+    #: receives: no release of its own); when the client's worker summed
+    #: the round's updates (``runtime.sum_on_actors``), ``delta`` is empty and the sum travels instead
     #: (:func:`raysim.algorithms.base.fold_updates`)
     delta_norm: float | None = None
+
+    def update_norm(self) -> float:
+        """‖Δw_i‖: ``delta_norm`` where the client sent it, else computed here from ``delta``."""
+        return float(self.delta.norm()) if self.delta_norm is None else self.delta_norm

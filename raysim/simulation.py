@@ -356,9 +356,9 @@ class Simulation:
         if [r.client_id for r in results] != participants:
             raise RuntimeError(f"round {t}: executor returned clients {[r.client_id for r in results]}, "
                                f"expected {participants}")
-        # A float64 sum of float32 values cannot overflow, so it is finite iff every entry is (one pass,
-        # no bool tensor as large as the model).
-        # A summed client sent ‖Δ‖ instead, which is finite iff Δ is (an overflowing norm is divergence too).
+        # A client sends ‖Δ‖, which is finite iff Δ is (an overflowing norm is divergence too). For a result
+        # without it, a float64 sum of float32 values cannot overflow, so it is finite iff every entry is
+        # (one pass, no bool tensor as large as the model).
         bad = [r.client_id for r in results if not math.isfinite(
             float(r.delta.sum(dtype=torch.float64)) if r.delta_norm is None else r.delta_norm)]
         if bad:

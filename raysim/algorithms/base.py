@@ -85,7 +85,7 @@ def fold_updates(cfg: Config, results: Sequence[ClientResult]) -> tuple[list[Cli
     results = sorted(results, key=lambda r: r.client_id)
     total = flat.sum64([r.delta for r in results], [sum_weight(cfg, r) for r in results])
     empty = torch.zeros(0, dtype=results[0].delta.dtype)
-    return [dataclasses.replace(r, delta=empty, delta_norm=float(r.delta.norm())) for r in results], total
+    return [dataclasses.replace(r, delta=empty, delta_norm=r.update_norm()) for r in results], total
 
 
 class Server:

@@ -281,7 +281,7 @@ class FedDimDPServer(Server):
 
     def aggregate(self, server_round: int, global_weights: torch.Tensor, results: Sequence[ClientResult]) -> Aggregate:
         cfg = self.cfg
-        raw = np.array([float(r.delta.norm()) for r in results])
+        raw = np.array([r.update_norm() for r in results])
         lr = cfg.lr * self.lr_scale(server_round)   # the lr the clients stepped with (C^(t) not yet moved)
         per_step = np.array([update_norm_per_step(raw[i], lr, r.num_steps) for i, r in enumerate(results)])
         logs: list[dict[str, float]] = [{} for _ in results]

@@ -131,7 +131,7 @@ class QuantileClipServer(Server):
             return centred / plan.denominator + plan.count_noise_std() * float(rng.standard_normal()) + 0.5
         if q.norm_source == "update":
             rng = np_generator(self.cfg.train_seed, "quantile-noise", server_round)
-            s = np.array([update_norm_per_step(float(r.delta.norm()), self.cfg.lr, r.num_steps) for r in results])
+            s = np.array([update_norm_per_step(r.update_norm(), self.cfg.lr, r.num_steps) for r in results])
             return noised_fraction_below(s, self.current_clip, sigma_b(self.cfg), rng)
         total = sum(r.num_samples for r in results)
         return float(sum(r.uploads["unclipped_count"] for r in results) / total) if total else 0.0

@@ -70,9 +70,8 @@ def client_rows(server_round: int, results: Sequence[Any], tasks: Sequence[Any],
     diagnostics and the method's client logs."""
     rows = []
     for r, task, extra in zip(results, tasks, logs):
-        norm = float(r.delta.norm()) if r.delta_norm is None else r.delta_norm   # an actor's sum: its client's ‖Δ‖
         row = {"round": server_round, "client_id": r.client_id, "num_samples": r.num_samples, "num_steps": r.num_steps,
-               "train_loss": r.train_loss, "update_norm": norm, "frac_clipped": r.frac_clipped,
+               "train_loss": r.train_loss, "update_norm": r.update_norm(), "frac_clipped": r.frac_clipped,
                "clip_norm": clip_norm, "noise_multiplier": task.noise_multiplier,
                "epsilon": float(epsilons[r.client_id]), "client_seconds": r.seconds, **r.diagnostics}
         row.update(extra)

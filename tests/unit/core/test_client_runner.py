@@ -92,3 +92,35 @@ def test_client_tensors_are_gathered_from_rows_normalised_once():
     assert torch.equal(xt, to_float_tensor(x[train_idx], info)) and torch.equal(xv, to_float_tensor(x[val_idx], info))
     assert yt.tolist() == y[train_idx].tolist() and yv.tolist() == y[val_idx].tolist() and yt.dtype == torch.int64
     assert torch.equal(to_float_tensor(x, info, channels_last=True), to_float_tensor(x, info))
+
+
+
+def test_the_delta_is_read_from_the_weights_in_place_or_gathered_when_a_parameter_moved(train, monkeypatch):
+    """The parameters train as views of one flat copy of the start weights, so Δ is read from it; a
+    parameter given storage of its own (a hook assigning ``p.data``) is gathered instead, the same bits.
+    The client sends ‖Δ‖ (``delta_norm``), so the server reads Δ neither to check it nor to log it."""
+    from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+    from raysim.algorithms.base import ClientHooks
+    from raysim.client import _tiles
+
+    cfg = tiny_config(method="fedavg")
+    in_place = _run(ClientRunner(cfg, "none", train), sigma=0.0)
+    finalize = ClientHooks.finalize
+
+    def moved(self, params, num_steps):
+        params[0].data = params[0].data.clone()     # no longer a view of the flat weights
+        return finalize(self, params, num_steps)
+    monkeypatch.setattr(ClientHooks, "finalize", moved)
+    runner = ClientRunner(cfg, "none", train)
+    assert type(runner.spec.client(cfg, None, None)).finalize is moved
+    gathered = _run(runner, sigma=0.0)
+    assert torch.equal(in_place.delta, gathered.delta) and in_place.delta.abs().sum() > 0
+    assert in_place.delta_norm == gathered.delta_norm == float(in_place.delta.norm())
+
+    w = torch.zeros(count_parameters(runner.model))
+    vector_to_parameters(w, runner.model.parameters())
+    params = list(runner.model.parameters())
+    assert _tiles(w, params) and not _tiles(w.clone(), params)
+    params[1].data = params[1].data.clone()
+    assert not _tiles(w, params) and torch.equal(parameters_to_vector(params), w)
