@@ -30,11 +30,22 @@ def flatten(params: Sequence[torch.Tensor]) -> torch.Tensor:
         return parameters_to_vector(params).detach().clone()
 
 
+#: Entries of the float64 sum that :func:`sum64` completes at a time (512 KB). On the 2-core Intel Xeon
+#: VM, one thread, 50 updates of 2,156,490 entries took 89 ms this way against 128 ms one Δ at a time.
+SUM_SLICE = 2**16
+
+
 def sum64(deltas: Sequence[torch.Tensor], weights: Sequence[float] | None = None) -> torch.Tensor:
     """Σ_i w_i Δ_i accumulated in float64 in the (client-id) order given, so reproducible; returned as
     float64. ``weights=None`` is the uniform mean (1/N) Σ_i Δ_i (the sum divided once, at the end)."""
-    out = torch.zeros_like(deltas[0], dtype=torch.float64)
-    for i, d in enumerate(deltas):
-        # float32 Δ is widened element by element inside the add (exactly), with no float64 copy of it
-        out.add_(d, alpha=1.0 if weights is None else float(weights[i]))
+    out = torch.zeros_like(deltas[0], dtype=torch.float64, memory_format=torch.contiguous_format)
+    alphas = [1.0] * len(deltas) if weights is None else [float(w) for w in weights]
+    entries, flats = out.view(-1), [d.reshape(-1) for d in deltas]
+    # Each entry gets the same adds in the same order as one pass per Δ would give it, but a slice of
+    # the sum at a time, so that the slice stays in cache while every Δ is added to it.
+    for start in range(0, entries.numel(), SUM_SLICE):
+        part = entries[start:start + SUM_SLICE]
+        for d, alpha in zip(flats, alphas):
+            # float32 Δ is widened element by element inside the add (exactly), with no float64 copy of it
+            part.add_(d[start:start + SUM_SLICE], alpha=alpha)
     return out / len(deltas) if weights is None else out

@@ -25,6 +25,20 @@ def test_sum64_is_the_exact_sum_of_widened_products_in_order():
     assert np.array_equal(sum64(deltas).numpy(), sum(d.numpy().astype(np.float64) for d in deltas) / len(deltas))
 
 
+def test_sum64_a_slice_at_a_time_gives_the_same_bits(monkeypatch):
+    """Summed a slice of entries at a time (the last slice shorter), each entry still gets the same adds in
+    the same order: the bits of one pass per Δ, for flat and shaped updates."""
+    from raysim.algorithms import flat
+
+    deltas, weights = _deltas(), [45.0, 50.0, 3.0, 1.0, 17.0, 0.1, 2.5]
+    whole = sum64(deltas, weights)
+    monkeypatch.setattr(flat, "SUM_SLICE", 96)      # 1000 entries: ten slices of 96 and one of 40
+    assert torch.equal(sum64(deltas, weights), whole)
+    assert torch.equal(sum64([d.view(10, 100) for d in deltas], weights), whole.view(10, 100))
+    assert torch.equal(sum64([d.view(100, 10).t() for d in deltas], weights), sum64([d.view(100, 10).t().contiguous()
+                                                                                      for d in deltas], weights))
+
+
 def test_fold_updates_returns_the_norms_and_the_weighted_sum_in_client_order():
     deltas = _deltas(3)
     results = [ClientResult(cid, 1, n, 5, d, 0.0, 0.0) for cid, n, d in zip((4, 1, 2), (45, 50, 40), deltas)]
