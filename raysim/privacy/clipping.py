@@ -144,7 +144,6 @@ def privatize(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, mode: str,
     if noise_multiplier < 0 or not math.isfinite(noise_multiplier):
         raise ValueError(f"noise_multiplier must be finite and >= 0, got {noise_multiplier}")
     batch = int(x.shape[0])
-    groups = layer_param_indices(model)
 
     if mode == "per_sample":
         if expected_batch_size <= 0:
@@ -161,7 +160,8 @@ def privatize(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, mode: str,
                            per_example_norms=res.per_example_norms)
 
     grads, loss_mean = _mean_gradient(model, x, y)
-    if canaries is not None and len(canaries):
+    groups = layer_param_indices(model) if mode == "batch" or canaries else []   # a walk of the modules
+    if canaries:
         total = batch + len(canaries)
         summed = [g * batch for g in grads]
         canaries.add_to(summed, torch.ones(len(canaries), len(groups), dtype=canaries.values.dtype), groups)
