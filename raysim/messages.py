@@ -117,3 +117,7 @@ class ClientResult(_Wire):
     def update_norm(self) -> float:
         """‖Δw_i‖: ``delta_norm`` where the client sent it, else computed here from ``delta``."""
         return float(self.delta.norm()) if self.delta_norm is None else self.delta_norm
+
+    def without_delta(self) -> "ClientResult":
+        """This result with ‖Δw_i‖ and an empty ``delta``, for a Δ that is summed apart from it."""
+        return dataclasses.replace(self, delta=self.delta.new_zeros(0), delta_norm=self.update_norm())

@@ -84,13 +84,18 @@ class Executor(Protocol):
         """Begin starting the workers; may return before they are ready (they start while the server plans)."""
     def ready(self) -> None:
         """Block until every worker can take tasks."""
-    def submit(self, payload: RoundPayload, tasks: Sequence[ClientTask], clients: Sequence[ClientData]) -> Any:
-        """Start training ``tasks`` (``clients[j]``: the shard of ``tasks[j]``); returns a handle for :meth:`collect`."""
+    def submit(self, payload: RoundPayload, tasks: Sequence[ClientTask], clients: Sequence[ClientData],
+               fold: Sequence[float] | None = None) -> Any:
+        """Start training ``tasks`` (``clients[j]``: the shard of ``tasks[j]``); returns a handle for :meth:`collect`.
+        ``fold``: the weight w_j of ``tasks[j]``'s update in the server's sum
+        (:meth:`raysim.algorithms.base.Server.fold_weights`); an executor may fold the updates into
+        Σ_j w_j Δ_j in client-id order as they arrive and return results without Δ (:meth:`take_sum`)."""
     def collect(self, handle: Any) -> list[ClientResult]:
         """The results of a :meth:`submit`, sorted by client id."""
-    def take_sum(self) -> torch.Tensor:
-        """Under ``runtime.sum_on_actors``: the float64 Σ_i w_i Δ_i of the round just collected, which the
-        workers summed (:func:`raysim.algorithms.base.fold_updates`; its results carry no Δ)."""
+    def take_sum(self) -> torch.Tensor | None:
+        """The float64 Σ_i w_i Δ_i of the round just collected, whose results then carry no Δ: the workers'
+        sums under ``runtime.sum_on_actors`` (:func:`raysim.algorithms.base.fold_updates`), or the updates
+        folded as they arrived (``fold``); None if the results carry their updates."""
     def evaluate(self, weights: torch.Tensor, x: Any, y: torch.Tensor, num_classes: int, idle: bool = False) -> Any:
         """Evaluate the global model on the workers (``runtime.eval_on``; ``idle``: no round is training
         meanwhile; ``x``: uint8 images (N, H, W, C) or normalised float tensors), or return None to
@@ -338,7 +343,10 @@ class Simulation:
         if participants:
             payload = self.server.payload(t, self.weights)
             tasks = self.server.tasks(t, self.client_states, participants)
-            handle = self.executor.submit(payload, tasks, [self.clients[task.client_id] for task in tasks])
+            shards = [self.clients[task.client_id] for task in tasks]
+            folds = self.spec.sums_updates and not self.cfg.runtime.sum_on_actors and self.extra_results is None
+            fold = self.server.fold_weights([len(c.train_indices) for c in shards]) if folds else None
+            handle = self.executor.submit(payload, tasks, shards, fold)
         return _Dispatched(t, participants, clip, tasks, handle, t_plan)
 
     def _train_and_aggregate(self, t: int) -> "_Aggregated":
@@ -347,7 +355,7 @@ class Simulation:
         self._inflight = None
         participants, tasks = sent.participants, sent.tasks
         results = self.executor.collect(sent.handle) if sent.handle is not None else []
-        total = self.executor.take_sum() if results and self.cfg.runtime.sum_on_actors else None
+        total = self.executor.take_sum() if results else None
         if results:   # before anything of the round is aggregated or written
             device = ",".join(sorted({r.device for r in results}))
             self._check_release({"client_device": device})
@@ -376,7 +384,12 @@ class Simulation:
         # the server state as they are, except under privacy.unit=client, where the server's noised
         # release is made whoever took part. Diagnostics are logged, never shown to the server.
         shown = [dataclasses.replace(r, diagnostics={}) for r in results]
-        if total is not None:
+        if total is not None and not self.cfg.runtime.sum_on_actors:
+            if [r.num_samples for r in results] != [len(self.clients[c].train_indices) for c in participants]:
+                raise RuntimeError(f"round {t}: the clients' training-set sizes are not those the updates were "
+                                   f"weighted by")
+            agg = self.server.aggregate_folded(t, self.weights, shown, total)
+        elif total is not None:
             agg = self.server.aggregate_sum(t, self.weights, shown, total)
         else:
             agg = self.server.aggregate(t, self.weights, shown) if results or self.cfg.privacy.unit == "client" else None

@@ -12,7 +12,6 @@ loop (``raysim.simulation``). It changes behaviour through small hooks:
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Protocol, Sequence
 
@@ -84,8 +83,7 @@ def fold_updates(cfg: Config, results: Sequence[ClientResult]) -> tuple[list[Cli
     Σ_i w_i Δ_i (:func:`sum_weight`) over the share in client-id order, for :meth:`Server.aggregate_sum`."""
     results = sorted(results, key=lambda r: r.client_id)
     total = flat.sum64([r.delta for r in results], [sum_weight(cfg, r) for r in results])
-    empty = torch.zeros(0, dtype=results[0].delta.dtype)
-    return [dataclasses.replace(r, delta=empty, delta_norm=r.update_norm()) for r in results], total
+    return [r.without_delta() for r in results], total
 
 
 class Server:
@@ -151,6 +149,25 @@ class Server:
         step = weighted_sum([r.delta for r in results], weights)
         logs = [{"aggregation_weight": float(w)} for w in weights]
         return Aggregate(global_weights + step, logs, {})
+
+    def fold_weights(self, num_samples: Sequence[int]) -> list[float]:
+        """The w_i of the sum Σ_i w_i Δ_i that :meth:`aggregate` takes, for a cohort whose clients (in
+        client-id order) train on ``num_samples`` examples: n_i / Σ_j n_j, or 1 under ``privacy.unit=client``.
+        An executor may fold the updates into that sum as they arrive (:meth:`aggregate_folded`)."""
+        if self.ctx.client_level is not None:
+            return [1.0] * len(num_samples)
+        n = np.array(num_samples, dtype=np.float64)
+        return [float(w) for w in n / n.sum()]
+
+    def aggregate_folded(self, server_round: int, global_weights: torch.Tensor, results: Sequence[ClientResult],
+                         total: torch.Tensor) -> Aggregate:
+        """:meth:`aggregate` from ``total``, the float64 Σ_i w_i Δ_i (:meth:`fold_weights`) that the executor
+        folded in client-id order as the updates arrived (``results`` carry no Δ): the same adds in the same
+        order as :meth:`aggregate`'s, so the same bits."""
+        if self.ctx.client_level is not None:
+            return self._client_level(server_round, global_weights, results, total)
+        logs = [{"aggregation_weight": float(w)} for w in self.sample_weights(results)]
+        return Aggregate(global_weights + total.to(global_weights.dtype), logs, {})
 
     def aggregate_sum(self, server_round: int, global_weights: torch.Tensor, results: Sequence[ClientResult],
                       total: torch.Tensor) -> Aggregate:
@@ -352,8 +369,9 @@ class MethodSpec:
 
     @property
     def sums_updates(self) -> bool:
-        """Whether workers may sum the round's updates for the server (``runtime.sum_on_actors``): its server
-        is :class:`Server` itself, whose rule reads the updates only through Σ_i w_i Δ_i."""
+        """Whether workers may sum the round's updates for the server (``runtime.sum_on_actors``), and the
+        executor fold them as they arrive (:meth:`Server.aggregate_folded`): its server is :class:`Server`
+        itself, whose rule reads the updates only through Σ_i w_i Δ_i."""
         return self.server is Server
 
     def units(self) -> tuple[str, ...]:

@@ -35,17 +35,28 @@ def flatten(params: Sequence[torch.Tensor]) -> torch.Tensor:
 SUM_SLICE = 2**16
 
 
+class Sum64:
+    """A float64 sum Σ_i w_i Δ_i that takes its terms a few at a time (:meth:`add`), in the order they are
+    to be added: the same bits as :func:`sum64` over all of them in that order."""
+
+    def __init__(self, like: torch.Tensor) -> None:
+        self.out = torch.zeros(like.numel(), dtype=torch.float64)
+
+    def add(self, deltas: Sequence[torch.Tensor], alphas: Sequence[float]) -> None:
+        entries, flats = self.out, [d.reshape(-1) for d in deltas]
+        # Each entry gets the same adds in the same order as one pass per Δ would give it, but a slice of
+        # the sum at a time, so that the slice stays in cache while every Δ is added to it.
+        for start in range(0, entries.numel(), SUM_SLICE):
+            part = entries[start:start + SUM_SLICE]
+            for d, alpha in zip(flats, alphas):
+                # float32 Δ is widened element by element inside the add (exactly), with no float64 copy of it
+                part.add_(d[start:start + SUM_SLICE], alpha=alpha)
+
+
 def sum64(deltas: Sequence[torch.Tensor], weights: Sequence[float] | None = None) -> torch.Tensor:
     """Σ_i w_i Δ_i accumulated in float64 in the (client-id) order given, so reproducible; returned as
     float64. ``weights=None`` is the uniform mean (1/N) Σ_i Δ_i (the sum divided once, at the end)."""
-    out = torch.zeros_like(deltas[0], dtype=torch.float64, memory_format=torch.contiguous_format)
-    alphas = [1.0] * len(deltas) if weights is None else [float(w) for w in weights]
-    entries, flats = out.view(-1), [d.reshape(-1) for d in deltas]
-    # Each entry gets the same adds in the same order as one pass per Δ would give it, but a slice of
-    # the sum at a time, so that the slice stays in cache while every Δ is added to it.
-    for start in range(0, entries.numel(), SUM_SLICE):
-        part = entries[start:start + SUM_SLICE]
-        for d, alpha in zip(flats, alphas):
-            # float32 Δ is widened element by element inside the add (exactly), with no float64 copy of it
-            part.add_(d[start:start + SUM_SLICE], alpha=alpha)
+    acc = Sum64(deltas[0])
+    acc.add(deltas, [1.0] * len(deltas) if weights is None else [float(w) for w in weights])
+    out = acc.out.view(deltas[0].shape)
     return out / len(deltas) if weights is None else out

@@ -98,6 +98,17 @@ class ClientActor:
         results, total = fold_updates(self.runner.cfg, results)
         return results, total.numpy()   # an array travels without a copy into pickle's stream
 
+    def train_apart(self, payload: RoundPayload, tasks: list[ClientTask], clients: list[ClientData],
+                    setup: tuple[str, Config, str, list]) -> list[tuple[ClientResult, Any]]:
+        """Several clients of one round, each as (its result with ‖Δ‖ and without Δ, Δ as an array): the
+        driver reads Δ in place from the object store and folds it into the round's sum
+        (:meth:`raysim.runtime.ray_executor.RayExecutor.collect`)."""
+        out = []
+        for t, c in zip(tasks, clients):
+            r = self.train(payload, t, c, setup)
+            out.append((r.without_delta(), r.delta.numpy()))
+        return out
+
     def evaluate(self, weights: Any, test: tuple, setup: tuple[str, Config, str, list]) -> tuple[list[float], Any]:
         """Per-batch losses and predictions of the global model on ``test`` = (x, y): this actor's part
         of an evaluation that the executor splits at batch boundaries."""

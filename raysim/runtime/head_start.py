@@ -122,10 +122,16 @@ class HeadStartExecutor:
         """Round t+1 trains while round t is evaluated once the clients train on Ray."""
         return self.on_ray
 
-    def submit(self, payload: RoundPayload, tasks: Sequence[ClientTask], clients: Sequence[ClientData]) -> Any:
+    def submit(self, payload: RoundPayload, tasks: Sequence[ClientTask], clients: Sequence[ClientData],
+               fold: Sequence[float] | None = None) -> Any:
+        """On Ray once the actors are warm (folding the updates if ``fold``, :meth:`RayExecutor.submit`), else here."""
         if self._on_ray():
-            return "ray", self.remote.submit(payload, tasks, clients)
+            return "ray", self.remote.submit(payload, tasks, clients, fold)
         return "here", (payload, tasks, clients)
+
+    def take_sum(self) -> Any:
+        """The sum of the round just collected if Ray folded its updates, else None."""
+        return self.remote.take_sum() if self.remote is not None else None
 
     def collect(self, handle: Any) -> list[ClientResult]:
         """The results of :meth:`submit`, sorted by client id: a round submitted before the actors were

@@ -7,8 +7,9 @@ task names its client's shard (indices), whose rows the actor normalises to floa
 it needs them and keeps (:meth:`raysim.client.ClientRunner.rows`). Each round the payload (global
 model, broadcast state) is ``ray.put`` once; the round's clients are balanced over as many actors
 per node as the run holds CPUs there, largest shard first, and each of those actors trains its
-share in one task. After the last round the idle actors evaluate a part of the test set each
-(:meth:`RayExecutor.evaluate`).
+share in one task, or, where the server reads the updates only through their weighted sum, in up to
+four tasks whose updates the driver folds into that sum as they arrive (:meth:`RayExecutor.submit`).
+After the last round the idle actors evaluate a part of the test set each (:meth:`RayExecutor.evaluate`).
 
 Actors restart on failure (``max_restarts``) and Ray retries their in-flight tasks
 (``max_task_retries``); because client state lives on the server and every random stream is
@@ -21,14 +22,18 @@ needs it; ``tests/integration/test_actor_startup.py`` checks ``sys.modules`` ins
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import uuid
+import warnings
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import ray
 import torch
 
+from raysim.algorithms.flat import Sum64
 from raysim.client import eval_where
 from raysim.config import Config
 from raysim.messages import ClientData, ClientResult, ClientTask, RoundPayload
@@ -42,6 +47,14 @@ def placement_row(placements: Sequence[dict[str, Any]]) -> dict[str, str]:
     writes the rows."""
     return {"client_nodes": json.dumps([p["node_id"] for p in placements]),
             "writer_node": ray.get_runtime_context().get_node_id()}
+
+
+@dataclass
+class _Folded:
+    """A round submitted with ``fold`` (:meth:`RayExecutor.submit`): its task refs and each client's weight."""
+
+    refs: list[Any]
+    weights: dict[int, float]
 
 
 class RayExecutor:
@@ -113,13 +126,20 @@ class RayExecutor:
     #: Clients train in other processes: the simulation evaluates round t while round t+1 trains.
     overlaps = True
 
-    def submit(self, payload: RoundPayload, tasks: Sequence[ClientTask], clients: Sequence[ClientData]) -> list[Any]:
+    def submit(self, payload: RoundPayload, tasks: Sequence[ClientTask], clients: Sequence[ClientData],
+               fold: Sequence[float] | None = None) -> "list[Any] | _Folded":
         """Start training ``tasks`` (``clients[j]`` is the shard of ``tasks[j]``); returns the task refs.
 
         The round's clients are split over the *active* actors (:meth:`active_actors`: as many per
         node as the CPUs the run's actors hold there), largest shard first onto the least loaded
         actor, and each active actor gets its whole share in one call. More CPU-bound processes
-        than cores only time-slice them, and one call per actor pays Ray's per-task cost once."""
+        than cores only time-slice them, and one call per actor pays Ray's per-task cost once.
+
+        With ``fold`` (the weight w_j of ``tasks[j]``'s update, :meth:`raysim.algorithms.base.Server.fold_weights`),
+        and not under ``runtime.sum_on_actors``, :meth:`collect` folds the updates into Σ_j w_j Δ_j as
+        they arrive (:meth:`take_sum`): each actor trains its share in client-id order, in up to
+        ``FOLD_TASKS`` calls, so that the driver adds the first clients' updates while the actors train
+        the rest, reading each Δ_j in place from the object store."""
         self.ready()
         payload_ref = ray.put(payload)
         active = self.active_actors()
@@ -129,12 +149,25 @@ class RayExecutor:
             k = min(range(len(active)), key=lambda a: (load[a], a))
             shares[k].append(j)
             load[k] += len(clients[j].train_indices) + self.FIXED_COST
+        if fold is not None and not self.sum_updates:
+            refs = []
+            for k, share in enumerate(shares):
+                if not share:
+                    continue
+                share.sort(key=lambda j: tasks[j].client_id)
+                size = -(-len(share) // self.FOLD_TASKS)
+                refs += [active[k].train_apart.remote(payload_ref, [tasks[j] for j in part], [clients[j] for j in part],
+                                                      self.setup_ref)
+                         for part in (share[lo:lo + size] for lo in range(0, len(share), size))]
+            return _Folded(refs, {t.client_id: float(w) for t, w in zip(tasks, fold)})
         return [active[k].train_many.remote(payload_ref, [tasks[j] for j in share], [clients[j] for j in share],
                                             self.setup_ref, self.sum_updates) for k, share in enumerate(shares) if share]
 
-    def collect(self, refs: list[Any]) -> list[ClientResult]:
+    def collect(self, refs: "list[Any] | _Folded") -> list[ClientResult]:
         """The results of :meth:`submit`, sorted by client id. Under ``runtime.sum_on_actors`` each actor
         returned its share's sum with its results; the shares' sums are added in actor order (:meth:`take_sum`)."""
+        if isinstance(refs, _Folded):
+            return self._collect_folded(refs)
         batches = ray.get(refs)
         if self.sum_updates:
             total = batches[0][1].copy()   # the others are read in place from the object store
@@ -143,6 +176,30 @@ class RayExecutor:
             self._total = torch.from_numpy(total)
             batches = [results for results, _ in batches]
         return sorted((r for batch in batches for r in batch), key=lambda r: r.client_id)
+
+    #: The most calls an actor's share of a folded round is split into (:meth:`submit`).
+    FOLD_TASKS = 4
+
+    def _collect_folded(self, handle: "_Folded") -> list[ClientResult]:
+        """:meth:`collect` of a round submitted with ``fold``: each update is added to the float64 sum as
+        soon as every update before it in client-id order has been (:class:`raysim.algorithms.flat.Sum64`),
+        so the sum has :func:`raysim.algorithms.flat.sum64`'s bits over the whole cohort."""
+        weights = handle.weights
+        order = sorted(weights)
+        waiting, arrived, results, total = list(handle.refs), {}, [], None
+        while waiting:
+            done, waiting = ray.wait(waiting, num_returns=1)
+            arrived.update((r.client_id, (r, delta)) for r, delta in ray.get(done[0]))
+            ready = [arrived.pop(c) for c in itertools.takewhile(arrived.__contains__, order[len(results):])]
+            if ready:
+                with warnings.catch_warnings():   # the arrays are read-only: Δ is only read, never written
+                    warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+                    deltas = [torch.from_numpy(delta) for _, delta in ready]
+                total = total if total is not None else Sum64(deltas[0])
+                total.add(deltas, [weights[r.client_id] for r, _ in ready])
+                results += [r for r, _ in ready]
+        self._total = total.out if total is not None else None
+        return results
 
     def take_sum(self) -> Any:
         total, self._total = self._total, None

@@ -27,8 +27,10 @@ class SerialExecutor:
     #: Clients train in this process, when the round is collected.
     overlaps = False
 
-    def submit(self, payload: RoundPayload, tasks: Sequence[ClientTask],
-               clients: Sequence[ClientData]) -> tuple[RoundPayload, Sequence[ClientTask], Sequence[ClientData]]:
+    def submit(self, payload: RoundPayload, tasks: Sequence[ClientTask], clients: Sequence[ClientData],
+               fold: Sequence[float] | None = None) -> tuple[RoundPayload, Sequence[ClientTask], Sequence[ClientData]]:
+        """Nothing to start: the clients train at :meth:`collect`, which returns their updates (``fold`` is
+        not needed: the server sums them in the same order)."""
         return payload, tasks, clients
 
     def collect(self, handle: tuple[RoundPayload, Sequence[ClientTask], Sequence[ClientData]]) -> list[ClientResult]:

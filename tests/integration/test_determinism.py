@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+import torch
 
 from raysim.runtime import execute
 from raysim.results import read_table
@@ -82,6 +83,41 @@ def test_overlapped_rounds_match_serial_with_checkpoints(ray_session, method):
         if method == "scaffold":
             assert ks["server"]["sent"] == {} == kr["server"]["sent"]
     assert len(runs["ray"]) == 3
+
+
+@pytest.mark.parametrize("unit", ["example", "client"])
+def test_updates_folded_as_they_arrive_give_the_serial_bits(ray_session, monkeypatch, unit):
+    """For a method whose server reads the updates only through their weighted sum, Ray folds each update
+    into that float64 sum as the actors' calls return (several calls per actor, shards of unequal
+    size): the global weights and every row are the serial executor's bits, which sums the list."""
+    import pickle
+
+    from raysim.data import load_dataset
+    from raysim.runtime.ray_executor import RayExecutor
+    from raysim.runtime.serial import SerialExecutor
+    from raysim.simulation import Simulation
+
+    calls: list[int] = []
+    fold = RayExecutor._collect_folded
+    monkeypatch.setattr(RayExecutor, "_collect_folded", lambda self, handle: calls.append(len(handle.refs)) or
+                        fold(self, handle))
+    extra = dict(privacy__unit="client", privacy__clip_norm=0.5) if unit == "client" else {}
+    train, test = load_dataset("digits", "train", None), load_dataset("digits", "test", None)
+    runs = {}
+    for name, executor in (("serial", SerialExecutor()), ("ray", RayExecutor())):
+        cfg = tiny_config(method="fedavg", num_clients=12, rounds=2, privacy__noise_multiplier=1.0,
+                          runtime__checkpoint_every=1, runtime__executor=name, runtime__num_actors=2, **extra)
+        sim = Simulation(cfg, train, test, executor)
+        try:
+            runs[name] = [(rec.round_row, rec.client_rows, pickle.loads(rec.checkpoint)["weights"]) for rec in sim.run()]
+        finally:
+            executor.shutdown()
+    assert calls == [6, 6]   # two rounds, each actor's six clients in three calls
+    for (rs, cs, ws), (rr, cr, wr) in zip(runs["serial"], runs["ray"]):
+        assert {k: v for k, v in rs.items() if k not in TIMING} == {k: v for k, v in rr.items() if k not in TIMING}
+        assert [{k: v for k, v in row.items() if k not in TIMING} for row in cs] == \
+               [{k: v for k, v in row.items() if k not in TIMING} for row in cr]
+        assert torch.equal(ws, wr)
 
 
 def _same_state(a, b) -> bool:

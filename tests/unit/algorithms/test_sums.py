@@ -39,6 +39,21 @@ def test_sum64_a_slice_at_a_time_gives_the_same_bits(monkeypatch):
                                                                                       for d in deltas], weights))
 
 
+def test_a_sum_taken_a_few_terms_at_a_time_gives_sum64s_bits():
+    """The executor folds updates into a :class:`Sum64` as they arrive, a few at a time: the same bits as
+    :func:`sum64` over all of them in that order."""
+    from raysim.algorithms.flat import Sum64
+
+    deltas, weights = _deltas(), [45.0, 50.0, 3.0, 1.0, 17.0, 0.1, 2.5]
+    total = Sum64(deltas[0])
+    for lo, hi in ((0, 1), (1, 4), (4, 4), (4, 7)):
+        total.add(deltas[lo:hi], weights[lo:hi])
+    assert torch.equal(total.out, sum64(deltas, weights))
+    shuffled = Sum64(deltas[0])
+    shuffled.add(deltas[::-1], weights[::-1])
+    assert not torch.equal(shuffled.out, total.out)   # the order is what fixes the bits
+
+
 def test_fold_updates_returns_the_norms_and_the_weighted_sum_in_client_order():
     deltas = _deltas(3)
     results = [ClientResult(cid, 1, n, 5, d, 0.0, 0.0) for cid, n, d in zip((4, 1, 2), (45, 50, 40), deltas)]
