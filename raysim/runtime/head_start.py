@@ -169,7 +169,10 @@ class HeadStartExecutor:
 
     def shutdown(self, ok: bool = False) -> None:
         """End the run's Ray side (once started: a run may end before Ray is up): shut down the Ray a
-        ``raysim run`` started, or give a sweep's pool its actors back (``ok``: the run completed)."""
+        ``raysim run`` started, or give a sweep's pool its actors back (``ok``: the run completed).
+        Once: a second call would shut down whatever Ray this process has joined since."""
+        if self._ended.is_set():
+            return
         self._ended.set()
         self._planned.set()
         self._started.wait()
@@ -182,12 +185,16 @@ class HeadStartExecutor:
 
 
 class _Rounds:
-    """The round records; the run's Ray is shut down when the stream ends or is closed."""
+    """The round records; the run's Ray is shut down when the stream ends or is closed, once."""
 
     def __init__(self, sim: Simulation, executor: HeadStartExecutor) -> None:
         self.sim, self.executor = sim, executor
+        self.stream = self._stream()
 
     def __iter__(self) -> Iterator[RoundRecord]:
+        return self.stream
+
+    def _stream(self) -> Iterator[RoundRecord]:
         ok = False
         try:
             yield from self.sim.run()
@@ -196,7 +203,8 @@ class _Rounds:
             self.executor.shutdown(ok)
 
     def close(self) -> None:
-        self.executor.shutdown()
+        self.stream.close()          # a stream that has started ends (and shuts down) here…
+        self.executor.shutdown()     # …one that never started is shut down here
 
 
 class HeadStartHost:

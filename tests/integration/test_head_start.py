@@ -187,3 +187,29 @@ def test_ray_starts_once_the_run_is_planned(monkeypatch):
     cfg = tiny_config(method="fedsa", privacy__epsilon=8.0, rounds=1)
     _run(cfg, HeadStartExecutor(Side()))
     assert events == ["planning", "planned", "ray starts", "ray ends"]
+
+
+def test_a_failed_run_ends_its_ray_once(monkeypatch, tmp_path):
+    """A run that fails mid-stream shuts its Ray down once: not again when the stream is collected,
+    which would shut down a Ray this process joined later."""
+    import gc
+    from raysim.experiment import run_experiment
+    from raysim.runtime.head_start import HeadStartHost
+    ends: list[bool] = []
+
+    class Side:
+        parks = False
+
+        def start(self, cfg, clipping, train, planned, ended):
+            return None
+
+        def end(self, remote, ok):
+            ends.append(ok)
+
+    def fail(rec):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(tiny_config(method="fedsa", privacy__noise_multiplier=1.0, rounds=3), str(tmp_path), HeadStartHost(Side()), on_round=fail)
+    gc.collect()
+    assert ends == [False]
