@@ -86,6 +86,12 @@ def fold_updates(cfg: Config, results: Sequence[ClientResult]) -> tuple[list[Cli
     return [r.without_delta() for r in results], total
 
 
+def _shares(num_samples: Sequence[int]) -> np.ndarray:
+    """FedAvg's weights n_i / Σ_j n_j."""
+    n = np.array(num_samples, dtype=np.float64)
+    return n / n.sum()
+
+
 class Server:
     """Server strategy base: fixed clip norm, FedAvg weights n_i / Σ n_j, w ← w + Σ p_i Δ_i.
 
@@ -139,16 +145,13 @@ class Server:
                 for cid in participants]
 
     def sample_weights(self, results: Sequence[ClientResult]) -> np.ndarray:
-        n = np.array([r.num_samples for r in results], dtype=np.float64)
-        return n / n.sum()
+        return _shares([r.num_samples for r in results])
 
     def aggregate(self, server_round: int, global_weights: torch.Tensor, results: Sequence[ClientResult]) -> Aggregate:
         if self.ctx.client_level is not None:
             return self._client_level(server_round, global_weights, results)
-        weights = self.sample_weights(results)
-        step = weighted_sum([r.delta for r in results], weights)
-        logs = [{"aggregation_weight": float(w)} for w in weights]
-        return Aggregate(global_weights + step, logs, {})
+        total = flat.sum64([r.delta for r in results], self.sample_weights(results))
+        return self.aggregate_folded(server_round, global_weights, results, total)
 
     def fold_weights(self, num_samples: Sequence[int]) -> list[float]:
         """The w_i of the sum Σ_i w_i Δ_i that :meth:`aggregate` takes, for a cohort whose clients (in
@@ -156,8 +159,7 @@ class Server:
         An executor may fold the updates into that sum as they arrive (:meth:`aggregate_folded`)."""
         if self.ctx.client_level is not None:
             return [1.0] * len(num_samples)
-        n = np.array(num_samples, dtype=np.float64)
-        return [float(w) for w in n / n.sum()]
+        return [float(w) for w in _shares(num_samples)]
 
     def aggregate_folded(self, server_round: int, global_weights: torch.Tensor, results: Sequence[ClientResult],
                          total: torch.Tensor) -> Aggregate:
