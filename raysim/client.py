@@ -91,10 +91,10 @@ class ClientRunner:
     def eval_batches(self, weights: torch.Tensor, x: Any, y: torch.Tensor) -> tuple[list[float], torch.Tensor]:
         """:func:`raysim.metrics.eval_batches` of the global model ``weights`` on (x, y), on this runner's
         device, batches of ``eval_batch_size``: a part of a test set that several actors evaluate.
-        ``x``: float tensors, or uint8 images (N, H, W, C) that are normalised here first (the same
-        bits as the server's normalisation: it is elementwise)."""
+        ``x``: float tensors, or uint8 images (N, H, W, C) that are normalised here first, channels-last (the
+        same bits as the server's normalisation: it is elementwise)."""
         if isinstance(x, np.ndarray):
-            x = to_float_tensor(x, self.info)
+            x = to_float_tensor(x, self.info, channels_last=True)
         vector_to_parameters(weights.to(self.device), self.model.parameters())
         return eval_batches(self.model, x.to(self.device), y.to(self.device), self.cfg.eval_batch_size)
 

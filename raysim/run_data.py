@@ -78,7 +78,7 @@ class RunData:
         """The test images normalised to float32, built when the server first evaluates them itself (a
         CIFAR-10 test split is 123 MB of floats; actors that evaluate normalise their own part)."""
         if self._test_x is None:
-            self._test_x = to_float_tensor(self.test.x, self.test.info)
+            self._test_x = to_float_tensor(self.test.x, self.test.info, channels_last=True)
         return self._test_x
 
 

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from raysim.metrics import channels_last
 from raysim.privacy.layer_grads import LayerStats, check_supported
 
 __all__ = [
@@ -291,13 +292,6 @@ def _clip_factors_with(norms: torch.Tensor, extra: SparseExamples | None, groups
     return (factors * scale if scale != 1.0 else factors), num_clipped
 
 
-def _channels_last(x: torch.Tensor) -> torch.Tensor:
-    """Image batches go through the model channels-last (NHWC): oneDNN's convolutions run natively
-    in that layout, so the forward and the output-gradient backward of the paper CNN take about a
-    quarter less time than in NCHW (measured on CPU at batch 64). The math is the same."""
-    return x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x
-
-
 @register_engine("bk")
 class BookKeepingEngine:
     """One forward and one output-gradient backward pass; Conv2d (groups=1), Linear, GroupNorm.
@@ -349,7 +343,7 @@ class BookKeepingEngine:
         handles = [m.register_forward_hook(hook) for m in layers]
         try:
             with torch.enable_grad():
-                nhwc = _channels_last(x)
+                nhwc = channels_last(x)
                 try:
                     logits = model(nhwc)
                 except RuntimeError:

@@ -56,3 +56,55 @@ def test_cnn_shapes_follow_input():
         assert model(torch.zeros(2, channels, size, size)).shape == (2, 10)
     plain, lldm = build_model(3, 32, 10), build_model(3, 32, 10, lldm=True)
     assert lldm.fc1.in_features == plain.fc1.in_features // 2   # LLDM halves the first FC layer
+
+
+def _batch_by_batch(model, x, y, batch_size, layout):
+    """Each batch in one forward pass, in ``layout``: what eval_batches must give, chunks or not."""
+    losses, preds = [], []
+    with torch.no_grad():
+        for lo in range(0, len(y), batch_size):
+            logits = model(layout(x[lo:lo + batch_size]))
+            losses.append(float(torch.nn.functional.cross_entropy(logits, y[lo:lo + batch_size], reduction="sum")))
+            preds.append(logits.argmax(dim=1))
+    return losses, torch.cat(preds)
+
+
+def test_eval_batches_in_chunks_keep_each_batch_bits():
+    from raysim import metrics
+    torch.manual_seed(0)
+    model = build_model(3, 32, 10)
+    batch = metrics.EVAL_CHUNK + 50   # a chunk and a part of one
+    n = 2 * batch + 30                # and a short last batch
+    x, y = torch.randn(n, 3, 32, 32), torch.randint(0, 10, (n,))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        losses, preds = metrics.eval_batches(model, x, y, batch)
+        want_losses, want_preds = _batch_by_batch(model, x, y, batch, metrics.channels_last)
+    finally:
+        torch.set_num_threads(threads)
+    assert losses == want_losses and torch.equal(preds, want_preds)
+    assert len(losses) == 3 and model.training
+
+
+class _Viewing(torch.nn.Module):
+    """A model that .view()s its input, which a channels-last batch cannot be."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(3 * 4 * 4, 5)
+
+    def forward(self, x):
+        return self.fc(x.view(x.shape[0], -1))
+
+
+def test_eval_batches_run_a_model_that_needs_nchw_as_given():
+    from raysim import metrics
+    torch.manual_seed(1)
+    model = _Viewing()
+    x, y = torch.randn(300, 3, 4, 4), torch.randint(0, 5, (300,))
+    with pytest.raises(RuntimeError):
+        model(metrics.channels_last(x))
+    losses, preds = metrics.eval_batches(model, x, y, 200)
+    want_losses, want_preds = _batch_by_batch(model, x, y, 200, lambda rows: rows)
+    assert losses == want_losses and torch.equal(preds, want_preds)
