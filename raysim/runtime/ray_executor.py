@@ -7,8 +7,9 @@ task names its client's shard (indices), whose rows the actor normalises to floa
 it needs them and keeps (:meth:`raysim.client.ClientRunner.rows`). Each round the payload (global
 model, broadcast state) is ``ray.put`` once; the round's clients are balanced over as many actors
 per node as the run holds CPUs there, largest shard first, and each of those actors trains its
-share in one task, or, where the server reads the updates only through their weighted sum, in up to
-four tasks whose updates the driver folds into that sum as they arrive (:meth:`RayExecutor.submit`).
+share in one task, or, where the server reads the updates only through their weighted sum, in calls
+of decreasing size whose updates the driver folds into that sum as they arrive, an actor that runs
+out of work taking over another's waiting calls (:meth:`RayExecutor.submit`).
 After the last round the idle actors evaluate a part of the test set each (:meth:`RayExecutor.evaluate`).
 
 Actors restart on failure (``max_restarts``) and Ray retries their in-flight tasks
@@ -51,10 +52,40 @@ def placement_row(placements: Sequence[dict[str, Any]]) -> dict[str, str]:
 
 @dataclass
 class _Folded:
-    """A round submitted with ``fold`` (:meth:`RayExecutor.submit`): its task refs and each client's weight."""
+    """A round submitted with ``fold`` (:meth:`RayExecutor.submit`): each outstanding call's actor and
+    task positions, each active actor's outstanding calls in the order it runs them, each client's
+    weight, and what a call needs to be made again on another actor (:meth:`RayExecutor._steal`)."""
 
-    refs: list[Any]
+    calls: dict[Any, tuple[int, list[int]]]
+    queues: list[list[Any]]
     weights: dict[int, float]
+    actors: list[Any]
+    args: tuple[Any, list[ClientTask], list[ClientData], Any]
+
+    @property
+    def refs(self) -> list[Any]:
+        return list(self.calls)
+
+    def call(self, k: int, part: list[int]) -> Any:
+        """Train the tasks at positions ``part`` on active actor ``k``; the call joins its queue."""
+        payload_ref, tasks, clients, setup_ref = self.args
+        ref = self.actors[k].train_apart.remote(payload_ref, [tasks[j] for j in part], [clients[j] for j in part],
+                                                setup_ref)
+        self.calls[ref] = (k, part)
+        self.queues[k].append(ref)
+        return ref
+
+
+def fold_chunks(share: list[int], split: int) -> list[list[int]]:
+    """``share`` (one actor's task positions, in client-id order) cut into calls of decreasing size, each
+    ⌈remaining / split⌉: the first calls are long (few calls per round), the last ones one or two clients
+    (a call that an idle actor takes over is short)."""
+    out, lo = [], 0
+    while lo < len(share):
+        size = -(-(len(share) - lo) // split)
+        out.append(share[lo:lo + size])
+        lo += size
+    return out
 
 
 class RayExecutor:
@@ -137,29 +168,21 @@ class RayExecutor:
 
         With ``fold`` (the weight w_j of ``tasks[j]``'s update, :meth:`raysim.algorithms.base.Server.fold_weights`),
         and not under ``runtime.sum_on_actors``, :meth:`collect` folds the updates into Σ_j w_j Δ_j as
-        they arrive (:meth:`take_sum`): each actor trains its share in client-id order, in up to
-        ``FOLD_TASKS`` calls, so that the driver adds the first clients' updates while the actors train
-        the rest, reading each Δ_j in place from the object store."""
+        they arrive (:meth:`take_sum`): each actor trains its share in client-id order, in calls of
+        decreasing size (:func:`fold_chunks`), so that the driver adds the first clients' updates while
+        the actors train the rest, reading each Δ_j in place from the object store, and an actor that
+        runs out of work takes over another's last waiting call (:meth:`_steal`)."""
         self.ready()
         payload_ref = ray.put(payload)
         active = self.active_actors()
-        shares: list[list[int]] = [[] for _ in active]
-        load = [0.0] * len(active)
-        for j in sorted(range(len(tasks)), key=lambda j: (-len(clients[j].train_indices), j)):
-            k = min(range(len(active)), key=lambda a: (load[a], a))
-            shares[k].append(j)
-            load[k] += len(clients[j].train_indices) + self.FIXED_COST
+        shares = self.balance(clients, len(active))
         if fold is not None and not self.sum_updates:
-            refs = []
+            handle = _Folded({}, [[] for _ in active], {t.client_id: float(w) for t, w in zip(tasks, fold)},
+                             active, (payload_ref, list(tasks), list(clients), self.setup_ref))
             for k, share in enumerate(shares):
-                if not share:
-                    continue
-                share.sort(key=lambda j: tasks[j].client_id)
-                size = -(-len(share) // self.FOLD_TASKS)
-                refs += [active[k].train_apart.remote(payload_ref, [tasks[j] for j in part], [clients[j] for j in part],
-                                                      self.setup_ref)
-                         for part in (share[lo:lo + size] for lo in range(0, len(share), size))]
-            return _Folded(refs, {t.client_id: float(w) for t, w in zip(tasks, fold)})
+                for part in fold_chunks(sorted(share, key=lambda j: tasks[j].client_id), self.FOLD_SPLIT):
+                    handle.call(k, part)
+            return handle
         return [active[k].train_many.remote(payload_ref, [tasks[j] for j in share], [clients[j] for j in share],
                                             self.setup_ref, self.sum_updates) for k, share in enumerate(shares) if share]
 
@@ -177,19 +200,24 @@ class RayExecutor:
             batches = [results for results, _ in batches]
         return sorted((r for batch in batches for r in batch), key=lambda r: r.client_id)
 
-    #: The most calls an actor's share of a folded round is split into (:meth:`submit`).
-    FOLD_TASKS = 4
+    #: An actor's share of a folded round goes out in calls of ⌈remaining / FOLD_SPLIT⌉ clients (:func:`fold_chunks`).
+    FOLD_SPLIT = 3
 
     def _collect_folded(self, handle: "_Folded") -> list[ClientResult]:
         """:meth:`collect` of a round submitted with ``fold``: each update is added to the float64 sum as
         soon as every update before it in client-id order has been (:class:`raysim.algorithms.flat.Sum64`),
-        so the sum has :func:`raysim.algorithms.flat.sum64`'s bits over the whole cohort."""
+        so the sum has :func:`raysim.algorithms.flat.sum64`'s bits over the whole cohort, whichever
+        actor trained each client."""
         weights = handle.weights
         order = sorted(weights)
-        waiting, arrived, results, total = list(handle.refs), {}, [], None
-        while waiting:
-            done, waiting = ray.wait(waiting, num_returns=1)
+        arrived, results, total = {}, [], None
+        while handle.calls:
+            done, _ = ray.wait(list(handle.calls), num_returns=1)
+            k, _part = handle.calls.pop(done[0])
+            handle.queues[k].remove(done[0])
             arrived.update((r.client_id, (r, delta)) for r, delta in ray.get(done[0]))
+            if not handle.queues[k]:
+                self._steal(handle, k)
             ready = [arrived.pop(c) for c in itertools.takewhile(arrived.__contains__, order[len(results):])]
             if ready:
                 with warnings.catch_warnings():   # the arrays are read-only: Δ is only read, never written
@@ -201,9 +229,39 @@ class RayExecutor:
         self._total = total.out if total is not None else None
         return results
 
+    @staticmethod
+    def _steal(handle: "_Folded", idle: int) -> bool:
+        """Active actor ``idle`` has no call left: it takes over the last waiting call (queued behind the
+        one running) of the actor with the most clients waiting, and that call is cancelled (an actor
+        runs its calls one at a time, in order, so a queued call has not started). A client's result
+        does not depend on the actor that trains it (every stream is keyed by round and client), so the
+        round's bits do not change; were the cancelled call to run all the same, its result is not read.
+        Whether a call moved."""
+        waiting = [(sum(len(handle.calls[ref][1]) for ref in queue[1:]), j)
+                   for j, queue in enumerate(handle.queues) if len(queue) > 1]
+        if not waiting:
+            return False
+        _, j = max(waiting)
+        ref = handle.queues[j].pop()
+        _, part = handle.calls.pop(ref)
+        ray.cancel(ref)
+        handle.call(idle, part)
+        return True
+
     def take_sum(self) -> Any:
         total, self._total = self._total, None
         return total
+
+    def balance(self, clients: Sequence[ClientData], num_actors: int) -> list[list[int]]:
+        """The positions of ``clients`` each of ``num_actors`` actors trains: largest shard first, each onto
+        the least loaded actor (shard size plus :data:`FIXED_COST` a client)."""
+        shares: list[list[int]] = [[] for _ in range(num_actors)]
+        load = [0.0] * num_actors
+        for j in sorted(range(len(clients)), key=lambda j: (-len(clients[j].train_indices), j)):
+            k = min(range(num_actors), key=lambda a: (load[a], a))
+            shares[k].append(j)
+            load[k] += len(clients[j].train_indices) + self.FIXED_COST
+        return shares
 
     #: Shard-size units added per client when balancing: a client's fixed cost per round (model set-up,
     #: uploads) in examples' worth, fitted on the digits quickstart (a client's round time against n_i);

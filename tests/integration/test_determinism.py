@@ -112,7 +112,42 @@ def test_updates_folded_as_they_arrive_give_the_serial_bits(ray_session, monkeyp
             runs[name] = [(rec.round_row, rec.client_rows, pickle.loads(rec.checkpoint)["weights"]) for rec in sim.run()]
         finally:
             executor.shutdown()
-    assert calls == [6, 6]   # two rounds, each actor's six clients in three calls
+    assert calls == [8, 8]   # two rounds, each actor's 5 to 7 clients in four calls (e.g. 2, 2, 1, 1)
+    for (rs, cs, ws), (rr, cr, wr) in zip(runs["serial"], runs["ray"]):
+        assert {k: v for k, v in rs.items() if k not in TIMING} == {k: v for k, v in rr.items() if k not in TIMING}
+        assert [{k: v for k, v in row.items() if k not in TIMING} for row in cs] == \
+               [{k: v for k, v in row.items() if k not in TIMING} for row in cr]
+        assert torch.equal(ws, wr)
+
+
+def test_an_idle_actor_takes_over_waiting_calls_and_the_bits_stay(ray_session, monkeypatch):
+    """One actor gets one client, the other the rest in five calls: the first runs out of work and takes
+    over the other's waiting calls (each cancelled where it was queued), and the weights and rows are
+    still the serial executor's bits."""
+    import pickle
+
+    from raysim.data import load_dataset
+    from raysim.runtime.ray_executor import RayExecutor
+    from raysim.runtime.serial import SerialExecutor
+    from raysim.simulation import Simulation
+
+    monkeypatch.setattr(RayExecutor, "balance", lambda self, clients, n: [list(range(len(clients) - 1)),
+                                                                          [len(clients) - 1]])
+    moved: list[bool] = []
+    steal = RayExecutor._steal
+    monkeypatch.setattr(RayExecutor, "_steal", staticmethod(lambda handle, idle: moved.append(steal(handle, idle))
+                                                            or moved[-1]))
+    train, test = load_dataset("digits", "train", None), load_dataset("digits", "test", None)
+    runs = {}
+    for name, executor in (("serial", SerialExecutor()), ("ray", RayExecutor())):
+        cfg = tiny_config(method="fedavg", num_clients=12, rounds=2, runtime__checkpoint_every=1,
+                          runtime__executor=name, runtime__num_actors=2)
+        sim = Simulation(cfg, train, test, executor)
+        try:
+            runs[name] = [(rec.round_row, rec.client_rows, pickle.loads(rec.checkpoint)["weights"]) for rec in sim.run()]
+        finally:
+            executor.shutdown()
+    assert any(moved)
     for (rs, cs, ws), (rr, cr, wr) in zip(runs["serial"], runs["ray"]):
         assert {k: v for k, v in rs.items() if k not in TIMING} == {k: v for k, v in rr.items() if k not in TIMING}
         assert [{k: v for k, v in row.items() if k not in TIMING} for row in cs] == \
