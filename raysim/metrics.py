@@ -65,29 +65,24 @@ def eval_batches(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size:
     model.eval()
     losses, preds = [], []
     chunk = EVAL_CHUNK if x.device.type == "cpu" else batch_size
-    layout = channels_last
+    nhwc = True   # until the model refuses that layout
     for start in range(0, len(y), batch_size):
         stop = min(start + batch_size, len(y))
         parts = []
         for lo in range(start, stop, chunk):
             rows = x[lo:min(lo + chunk, stop)]
-            shaped = layout(rows)
-            try:
-                parts.append(model(shaped))
-            except RuntimeError:
-                if shaped is rows:
-                    raise
-                layout = _as_given
-                parts.append(model(rows))
+            if nhwc and (shaped := channels_last(rows)) is not rows:
+                try:
+                    parts.append(model(shaped))
+                    continue
+                except RuntimeError:
+                    nhwc = False
+            parts.append(model(rows))
         logits = torch.cat(parts) if len(parts) > 1 else parts[0]
         losses.append(float(F.cross_entropy(logits, y[start:stop].to(logits.device), reduction="sum")))
         preds.append(logits.argmax(dim=1).cpu())
     model.train()
     return losses, torch.cat(preds) if preds else torch.zeros(0, dtype=torch.int64)
-
-
-def _as_given(x: torch.Tensor) -> torch.Tensor:
-    return x
 
 
 def summarize(losses: list[float], pred: torch.Tensor, y: torch.Tensor, num_classes: int) -> Evaluation:
