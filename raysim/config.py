@@ -236,6 +236,11 @@ _GENERIC_KEYS = frozenset(f.name for f in dataclasses.fields(Config))
 
 # --------------------------------------------------------------------------- building
 
+#: The noise multipliers the accountants evaluate and the σ search explores; outside it a request is
+#: almost surely a mistake (and the accountants' floating-point arithmetic overflows).
+NOISE_MULTIPLIER_RANGE = (1e-4, 1e6)
+
+
 def _fail(key: str, msg: str) -> typing.NoReturn:
     raise ConfigError(f"config key '{key}': {msg}")
 
@@ -359,8 +364,9 @@ def validate(cfg: Config) -> Config:
         _fail("privacy.epsilon", "give privacy.epsilon or privacy.noise_multiplier, not both")
     if p.epsilon is not None and not p.epsilon > 0:
         _fail("privacy.epsilon", f"must be > 0, got {p.epsilon}")
-    if p.noise_multiplier is not None and not p.noise_multiplier >= 0:
-        _fail("privacy.noise_multiplier", f"must be >= 0, got {p.noise_multiplier}")
+    low, high = NOISE_MULTIPLIER_RANGE
+    if p.noise_multiplier is not None and not (p.noise_multiplier == 0 or low <= p.noise_multiplier <= high):
+        _fail("privacy.noise_multiplier", f"must be 0 (no noise) or in [{low:g}, {high:g}], got {p.noise_multiplier}")
     if not 0 < p.delta < 1:
         _fail("privacy.delta", f"must be in (0, 1), got {p.delta}")
     if not p.clip_norm > 0:

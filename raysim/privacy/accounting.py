@@ -70,6 +70,7 @@ from typing import Any, Callable, ClassVar, Hashable, Mapping, Protocol, Sequenc
 
 import numpy as np
 
+from raysim.config import NOISE_MULTIPLIER_RANGE, ConfigError
 from raysim.lazy import LazyModule
 
 dp_accounting = LazyModule("dp_accounting")
@@ -94,6 +95,7 @@ __all__ = [
     "smallest_noise",
     "epsilon_many",
     "pld_discretization_interval",
+    "AccountingError",
 ]
 
 #: Names of the registered accountants (:func:`register_accountant`): ``pld`` and ``rdp`` built in.
@@ -105,9 +107,20 @@ DEFAULT_PLD_DISCRETIZATION = 1e-4
 _PLD_DISCRETIZATION_LEVELS = (1e-3, 5e-4, 2.5e-4, DEFAULT_PLD_DISCRETIZATION)
 _PLD_LOSS_SCALE_FRACTION = 0.25
 
-# Bracket for the noise-multiplier search; outside it the request is almost surely a mistake.
-_SIGMA_MIN = 1e-4
-_SIGMA_MAX = 1e6
+# Bracket for the noise-multiplier search, and the σ the accountants evaluate.
+_SIGMA_MIN, _SIGMA_MAX = NOISE_MULTIPLIER_RANGE
+
+#: Most points of one step's privacy-loss distribution the PLD accountant builds (its estimate,
+#: :func:`_pld_points`). Building and composing a PLD takes about 5-14 µs a point on the 2-core VM, so
+#: this keeps one evaluation within seconds; it is reached below σ ≈ 0.045 (ε of several hundred
+#: and more), where the RDP accountant answers at once.
+PLD_MAX_POINTS = 1_000_000
+
+
+class AccountingError(ConfigError):
+    """A privacy request the accountant cannot answer: a target no noise multiplier in
+    [``_SIGMA_MIN``, ``_SIGMA_MAX``] meets, a noise multiplier outside that range, or a mechanism whose
+    privacy-loss distribution is too large to compute. An input error: one line, exit 2."""
 
 
 @dataclass(frozen=True)
@@ -302,6 +315,12 @@ def _event_pld(sample_rate: float, noise_multiplier: float, count: int, discreti
     ``to_dp_event()``, from the public constructors of ``dp_accounting.pld.privacy_loss_distribution``.
     Cached: a client's ledger composes the same round of events every round, and building a subsampled
     Gaussian's PLD costs far more than composing it."""
+    points = _pld_points(noise_multiplier, discretization)
+    if points > PLD_MAX_POINTS:
+        raise AccountingError(
+            f"the PLD accountant cannot build noise multiplier {noise_multiplier:g}: one step's privacy-loss "
+            f"distribution would have about {points:.2g} points (at most {PLD_MAX_POINTS:.0e}); a σ this small "
+            f"gives an ε of hundreds or more: use the rdp accountant")
     relation = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
     if sample_rate == 1.0:
         return privacy_loss_distribution.from_gaussian_mechanism(
@@ -310,6 +329,13 @@ def _event_pld(sample_rate: float, noise_multiplier: float, count: int, discreti
     return privacy_loss_distribution.from_gaussian_mechanism(
         standard_deviation=noise_multiplier, value_discretization_interval=discretization,
         sampling_prob=sample_rate, neighboring_relation=relation).self_compose(count)
+
+
+def _pld_points(noise_multiplier: float, discretization: float) -> float:
+    """About how many points one Gaussian step's privacy-loss distribution has: the loss is affine in
+    the noise, so it spans (1 + 2tσ)/σ² over the ±tσ that dp_accounting keeps (t ≈ 10, its tail
+    truncation), in steps of ``discretization``. Subsampling narrows the span, never widens it."""
+    return (1.0 + 20.0 * noise_multiplier) / noise_multiplier ** 2 / discretization
 
 
 class PLDAccountant:
@@ -339,7 +365,13 @@ class PLDAccountant:
             self._non_private = True
             return
         build = _event_pld if self._cache else _event_pld.__wrapped__
-        self._loss = self._loss.compose(build(event.sample_rate, event.noise_multiplier, event.count, self.settings))
+        try:
+            self._loss = self._loss.compose(build(event.sample_rate, event.noise_multiplier, event.count, self.settings))
+        except MemoryError as exc:
+            raise AccountingError(
+                f"the PLD accountant ran out of memory composing {event.count} steps at sample rate "
+                f"{event.sample_rate:g} and noise multiplier {event.noise_multiplier:g} ({exc}): use the rdp "
+                f"accountant") from None
 
     def epsilon(self, delta: float) -> float:
         return math.inf if self._non_private else float(self._loss.get_epsilon_for_delta(delta))
@@ -447,6 +479,13 @@ def _epsilon_of(acc: Accountant, delta: float) -> float:
     return max(eps, 0.0)
 
 
+def _check_noise_range(events: Sequence[StepEvent]) -> None:
+    for e in events:
+        if e.count and e.noise_multiplier != 0.0 and not _SIGMA_MIN <= e.noise_multiplier <= _SIGMA_MAX:
+            raise AccountingError(f"noise multiplier {e.noise_multiplier:g} is outside [{_SIGMA_MIN:g}, {_SIGMA_MAX:g}], "
+                                  "where the accountants' arithmetic holds (0 means no noise)")
+
+
 def compute_epsilon(events: Sequence[StepEvent], delta: float, accountant: str = "pld") -> float:
     """Epsilon at ``delta`` of the composition of all ``events`` (add/remove-one neighbours).
 
@@ -454,11 +493,13 @@ def compute_epsilon(events: Sequence[StepEvent], delta: float, accountant: str =
     """
     delta = _check_delta(delta)
     _check_accountant(accountant)
+    _check_noise_range(events)
     merged = _merge(events)
     if not merged:
         return 0.0
     if any(e.noise_multiplier == 0.0 for e in merged):
         return math.inf
+    _check_noise_range(merged)   # several plain Gaussian releases merge into one of smaller σ
     acc = new_accountant(accountant, merged)
     _compose(acc, merged)
     return _epsilon_of(acc, delta)
@@ -573,7 +614,11 @@ def _smallest_feasible(epsilon: Callable[[float], float], target: float, tol: fl
 
     def evaluate(x: float) -> None:
         nonlocal lo, hi
-        value = epsilon(math.exp(x))
+        try:
+            value = epsilon(math.exp(x))
+        except AccountingError as exc:
+            raise AccountingError(f"searching the noise multiplier for epsilon {target:g}, at σ = {math.exp(x):.3g}: "
+                                  f"{exc}") from None
         g = math.log(value / target) if 0.0 < value < math.inf else (-math.inf if value <= 0.0 else math.inf)
         points.append((x, g))
         if g <= 0.0:
@@ -611,10 +656,10 @@ def _smallest_feasible(epsilon: Callable[[float], float], target: float, tol: fl
         last = dx = math.copysign(min(max(abs(dx), floor), widest), dx)
         x = base + dx
         if x > x_max:
-            raise ValueError(f"no noise multiplier up to {_SIGMA_MAX:g} reaches epsilon {target:g}")
+            raise AccountingError(f"no noise multiplier up to {_SIGMA_MAX:g} reaches epsilon {target:g}")
         if x < x_min:
-            raise ValueError(f"epsilon {target:g} is reached with noise multiplier below {_SIGMA_MIN:g}: "
-                             "the target is too loose for this run")
+            raise AccountingError(f"epsilon {target:g} is reached with noise multiplier below {_SIGMA_MIN:g}: "
+                                  "the target is too loose for this run")
         evaluate(x)
     # Close it: aim just beside the predicted crossing, or bisect when the last two steps did not halve it.
     widths = [hi - lo]

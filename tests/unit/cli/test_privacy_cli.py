@@ -127,3 +127,16 @@ def test_privacy_needs_a_subcommand(capsys):
 def test_accountant_choices_are_the_accountants():
     # the CLI spells them out so that building the parser does not import dp_accounting
     assert privacy.ACCOUNTANTS == accounting.ACCOUNTANTS
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["calibrate", "--target-epsilon", "1e9", "--accountant", "rdp"], "too loose"),
+    (["epsilon", "--noise-multiplier", "1e-300"], "outside"),
+    (["epsilon", "--noise-multiplier", "0.001"], "rdp accountant"),
+])
+def test_requests_the_accountant_cannot_answer_are_one_line_input_errors(argv, match, capsys):
+    from raysim.cli import main
+    run = ["--sample-rate", "1", "--steps", "1", "--delta", "1e-5"]
+    assert main(["privacy", *argv[:1], *run, *argv[1:]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("raysim: error: ") and match in err and "\n" not in err

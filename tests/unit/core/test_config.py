@@ -19,6 +19,8 @@ def test_defaults_are_valid_and_frozen():
     ({"rounds": 0}, "'rounds': must be >= 1"),
     ({"rounds": 2.5}, "'rounds': expected an integer"),
     ({"privacy": {"epsilon": 8, "noise_multiplier": 1.0}}, "not both"),
+    ({"privacy": {"epsilon": None, "noise_multiplier": 1e-300}}, "must be 0 (no noise) or in [0.0001, 1e+06]"),
+    ({"privacy": {"epsilon": None, "noise_multiplier": 1e7}}, "'privacy.noise_multiplier'"),
     ({"privacy": {"clipping": "sometimes"}}, "unknown value 'sometimes'"),
     ({"data": {"partition": "zipf"}}, "'data.partition'"),
     ({"cra": {"rho": 0.5}}, "'cra.rho'"),

@@ -13,8 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raysim.privacy import accounting
+from raysim.config import ConfigError
 from raysim.privacy.accounting import (
     ACCOUNTANTS,
+    AccountingError,
     PrivacyLedger,
     StepEvent,
     calibrate_noise_multiplier,
@@ -322,6 +324,46 @@ def test_calibration_rejects_bad_input(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         calibrate_noise_multiplier(**args)
+
+
+@pytest.mark.parametrize("accountant", ACCOUNTANTS)
+def test_a_target_no_noise_multiplier_in_range_meets_is_an_input_error(accountant):
+    # ε = 1e9 for one Gaussian release: the search goes down in σ until the accountant gives up, at
+    # once and with an input error (a config mistake: one line and exit 2 from the command line).
+    with pytest.raises(AccountingError) as got:
+        calibrate_noise_multiplier(1e9, DELTA, [(1.0, 1)], accountant)
+    assert isinstance(got.value, ConfigError)
+    assert "1e+09" in str(got.value)
+    with pytest.raises(AccountingError, match="no noise multiplier up to"):
+        calibrate_noise_multiplier(1e-9, 1e-12, [(1.0, 1)], accountant)
+
+
+def test_pld_refuses_a_noise_multiplier_too_small_to_build_and_names_rdp():
+    # σ = 0.03: about 1.8e6 points in one step's loss distribution (8 s and more a step to build);
+    # ε is in the thousands, which the RDP accountant answers at once.
+    with pytest.raises(AccountingError, match="rdp accountant"):
+        compute_epsilon_steps(0.1, 0.03, 10, DELTA, "pld")
+    assert 1000.0 < compute_epsilon_steps(0.1, 0.03, 10, DELTA, "rdp") < math.inf
+    # Just above the limit's σ the PLD still answers, below RDP's bound.
+    sigma = 0.06
+    assert accounting._pld_points(sigma, accounting.pld_discretization_interval([StepEvent(1.0, sigma, 1)])) \
+        <= accounting.PLD_MAX_POINTS
+    assert compute_epsilon_steps(1.0, sigma, 1, DELTA, "pld") < compute_epsilon_steps(1.0, sigma, 1, DELTA, "rdp")
+
+
+def test_pld_out_of_memory_is_an_input_error_that_names_rdp(monkeypatch):
+    def too_big(*args):
+        raise MemoryError("Unable to allocate 281. TiB")
+    monkeypatch.setattr(accounting, "_event_pld", too_big)
+    with pytest.raises(AccountingError, match="ran out of memory composing 10 steps.*rdp accountant"):
+        compute_epsilon_steps(0.1, 0.5, 10, DELTA, "pld")
+
+
+@pytest.mark.parametrize("accountant", ACCOUNTANTS)
+@pytest.mark.parametrize("sigma", [1e-300, 5e-5, 2e6, 1e300])
+def test_a_noise_multiplier_outside_the_accountants_range_is_an_input_error(accountant, sigma):
+    with pytest.raises(AccountingError, match="outside"):
+        compute_epsilon_steps(0.1, sigma, 10, DELTA, accountant)
 
 
 # ---------------------------------------------------------------------------------------------
