@@ -351,6 +351,8 @@ def validate(cfg: Config) -> Config:
     _choice("participation", cfg.participation, PARTICIPATION_MODES)
     if not cfg.lr > 0:
         _fail("lr", f"must be > 0, got {cfg.lr}")
+    if not 0 <= cfg.momentum < 1:   # heavy-ball momentum diverges at 1 and above
+        _fail("momentum", f"must be in [0, 1), got {cfg.momentum}")
     d, p, r = cfg.data, cfg.privacy, cfg.runtime
     _choice("model", cfg.model, MODEL_NAMES)
     _choice("data.partition", d.partition, ("iid", "dirichlet", "shards"))

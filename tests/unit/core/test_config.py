@@ -18,6 +18,8 @@ def test_defaults_are_valid_and_frozen():
     ({"data": {"alpha": -1}}, "'data.alpha': must be > 0"),
     ({"rounds": 0}, "'rounds': must be >= 1"),
     ({"rounds": 2.5}, "'rounds': expected an integer"),
+    ({"momentum": 1.0}, "'momentum': must be in [0, 1)"),
+    ({"momentum": -0.1}, "'momentum': must be in [0, 1)"),
     ({"privacy": {"epsilon": 8, "noise_multiplier": 1.0}}, "not both"),
     ({"privacy": {"epsilon": None, "noise_multiplier": 1e-300}}, "must be 0 (no noise) or in [0.0001, 1e+06]"),
     ({"privacy": {"epsilon": None, "noise_multiplier": 1e7}}, "'privacy.noise_multiplier'"),
