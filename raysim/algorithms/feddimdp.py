@@ -137,6 +137,16 @@ class CRAParams:
             fail("cra.beta", f"must be in [0, 1), got {self.beta}")
         if not self.rho >= 1:
             fail("cra.rho", f"must be >= 1 (else the ambiguity set can be empty), got {self.rho}")
+        if not self.eta_p >= 0:
+            fail("cra.eta_p", f"must be >= 0, got {self.eta_p}")
+        if not self.eta_g > 0:
+            fail("cra.eta_g", f"must be > 0, got {self.eta_g}")
+        if self.private_val_f1 and not self.val_f1_noise_multiplier > 0:
+            fail("cra.val_f1_noise_multiplier", f"must be > 0 while cra.private_val_f1 is true (to upload q_i "
+                                                f"un-noised, set cra.private_val_f1=false and opt in by name), "
+                                                f"got {self.val_f1_noise_multiplier}")
+        if not self.val_f1_sensitivity > 0:
+            fail("cra.val_f1_sensitivity", f"must be > 0 (the noise std is σ times it), got {self.val_f1_sensitivity}")
 
     def holdout_default(self) -> int:
         """Images of the public server hold-out when ``data.server_holdout`` is unset."""
