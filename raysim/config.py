@@ -390,6 +390,8 @@ def validate(cfg: Config) -> Config:
         _fail("runtime.torch_threads", f"must be >= 1, got {r.torch_threads}")
     if d.train_subsample is not None and d.train_subsample < 1:
         _fail("data.train_subsample", f"must be >= 1 (or null: the whole training split), got {d.train_subsample}")
+    if d.test_subsample is not None and d.test_subsample < 1:   # 0 would score every round on no image
+        _fail("data.test_subsample", f"must be >= 1 (or null: the whole test split), got {d.test_subsample}")
     if d.server_holdout is not None and d.server_holdout < 0:
         _fail("data.server_holdout", f"must be >= 0, got {d.server_holdout}")
     for _, section in cfg.sections:          # each method section checks itself (and what it needs of cfg)

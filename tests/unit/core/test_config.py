@@ -26,6 +26,7 @@ def test_defaults_are_valid_and_frozen():
     ({"privacy": {"clipping": "sometimes"}}, "unknown value 'sometimes'"),
     ({"data": {"partition": "zipf"}}, "'data.partition'"),
     ({"cra": {"rho": 0.5}}, "'cra.rho'"),
+    ({"data": {"test_subsample": 0}}, "'data.test_subsample': must be >= 1"),
     ({"cra": {"eta_p": -1}}, "'cra.eta_p': must be >= 0"),
     ({"cra": {"eta_g": 0}}, "'cra.eta_g': must be > 0"),
     # A zero σ or sensitivity would upload q_i un-noised under a Gaussian release's label.
