@@ -111,9 +111,9 @@ _PLD_LOSS_SCALE_FRACTION = 0.25
 _SIGMA_MIN, _SIGMA_MAX = NOISE_MULTIPLIER_RANGE
 
 #: Most points of one step's privacy-loss distribution the PLD accountant builds (its estimate,
-#: :func:`_pld_points`). Building and composing a PLD takes about 5-14 µs a point on the 2-core VM, so
-#: this keeps one evaluation within seconds; it is reached below σ ≈ 0.045 (ε of several hundred
-#: and more), where the RDP accountant answers at once.
+#: :func:`_pld_points`). One evaluation at σ = 0.02 (3.5e6 points) took 4-49 s on the 2-core VM
+#: (docs/privacy.md), so this keeps one within seconds; it is reached below σ ≈ 0.043 (ε of several
+#: hundred and more), where the RDP accountant answers at once.
 PLD_MAX_POINTS = 1_000_000
 
 
