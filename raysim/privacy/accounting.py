@@ -129,7 +129,9 @@ class StepEvent:
 
     ``sample_rate`` is the Poisson inclusion probability q of each example (1.0: every example, a
     plain Gaussian mechanism); ``noise_multiplier`` is sigma, the noise standard deviation divided by
-    the l2 sensitivity (0 means no noise: no privacy). Immutable, like ``dp_accounting.DpEvent``.
+    the l2 sensitivity (0 means no noise: no privacy; otherwise within ``NOISE_MULTIPLIER_RANGE``, else
+    :class:`AccountingError`, which also covers several releases merged into one). Immutable, like
+    ``dp_accounting.DpEvent``.
     """
 
     sample_rate: float
@@ -143,6 +145,9 @@ class StepEvent:
             raise ValueError(f"sample_rate must be in (0, 1], got {self.sample_rate!r}")
         if not (sigma >= 0.0 and math.isfinite(sigma)):
             raise ValueError(f"noise_multiplier must be finite and >= 0, got {self.noise_multiplier!r}")
+        if sigma != 0.0 and not _SIGMA_MIN <= sigma <= _SIGMA_MAX:
+            raise AccountingError(f"noise multiplier {sigma:g} is outside [{_SIGMA_MIN:g}, {_SIGMA_MAX:g}], "
+                                  "where the accountants' arithmetic holds (0 means no noise)")
         if isinstance(self.count, bool) or not isinstance(self.count, numbers.Integral) or self.count < 0:
             raise ValueError(f"count must be an integer >= 0, got {self.count!r}")
         object.__setattr__(self, "sample_rate", q)
@@ -479,13 +484,6 @@ def _epsilon_of(acc: Accountant, delta: float) -> float:
     return max(eps, 0.0)
 
 
-def _check_noise_range(events: Sequence[StepEvent]) -> None:
-    for e in events:
-        if e.count and e.noise_multiplier != 0.0 and not _SIGMA_MIN <= e.noise_multiplier <= _SIGMA_MAX:
-            raise AccountingError(f"noise multiplier {e.noise_multiplier:g} is outside [{_SIGMA_MIN:g}, {_SIGMA_MAX:g}], "
-                                  "where the accountants' arithmetic holds (0 means no noise)")
-
-
 def compute_epsilon(events: Sequence[StepEvent], delta: float, accountant: str = "pld") -> float:
     """Epsilon at ``delta`` of the composition of all ``events`` (add/remove-one neighbours).
 
@@ -493,13 +491,11 @@ def compute_epsilon(events: Sequence[StepEvent], delta: float, accountant: str =
     """
     delta = _check_delta(delta)
     _check_accountant(accountant)
-    _check_noise_range(events)
     merged = _merge(events)
     if not merged:
         return 0.0
     if any(e.noise_multiplier == 0.0 for e in merged):
         return math.inf
-    _check_noise_range(merged)   # several plain Gaussian releases merge into one of smaller σ
     acc = new_accountant(accountant, merged)
     _compose(acc, merged)
     return _epsilon_of(acc, delta)
