@@ -469,7 +469,7 @@ def run_audit(cfg: Config, canaries: int = 10000, guess_fraction: float = 0.1, c
                                                   sum_on_actors=False),
                       eval_every=cfg.rounds)
     train, test = prepare(cfg)
-    client = make_partition(cfg, train.y)[client_id]
+    client = make_partition(cfg, train)[client_id]
     x0 = to_float_tensor(train.x[client.train_indices[:1]], train.info)
     n = len(client.train_indices)
     q, steps = sample_rate(n, cfg.batch_size), steps_per_epoch(n, cfg.batch_size) * cfg.local_epochs
@@ -584,7 +584,7 @@ def audit_side_channels(cfg: Config, releases: int = 10000, guess_fraction: floa
             continue
         if norms is None:
             train, _ = prepare(cfg)
-            client = make_partition(cfg, train.y)[client_id]
+            client = make_partition(cfg, train)[client_id]
             x = to_float_tensor(train.x[client.train_indices], train.info)
             y = torch.from_numpy(train.y[client.train_indices].astype(np.int64))
             model = model_for(cfg, train.info, spec.model_options(cfg))

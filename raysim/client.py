@@ -63,9 +63,11 @@ class ClientRunner:
     def __init__(self, cfg: Config, clipping: str, train: ArrayDataset) -> None:
         self.train_data = train
         self.info = train.info
-        n, h, w, c = train.x.shape
+        n = train.x.shape[0]
         # Pages of the float images are only touched, so only paid for, when a row is first normalised.
-        self._images = torch.empty((n, c, h, w), memory_format=torch.channels_last)
+        # Token rows need no normalising: each task converts its own rows (uint8 to int64 ids).
+        self._images = (None if self.info.kind == "tokens" else
+                        torch.empty((n, *train.x.shape[3:], *train.x.shape[1:3]), memory_format=torch.channels_last))
         self._normalised = torch.zeros(n, dtype=torch.bool)
         self._labels = torch.from_numpy(np.array(train.y, dtype=np.int64))   # a copy: Ray's view is read-only
         self.configure(cfg, clipping)
@@ -103,7 +105,10 @@ class ClientRunner:
         channels-last memory format (the layout oneDNN's convolutions run natively in and the one the
         ``bk`` engine runs its forward pass in, so no step copies its batch into it). Each row is
         normalised once per runner, the first time a task needs it, and kept: an actor pays for the
-        clients it trains, not for the whole split at start-up, and no later task converts it again."""
+        clients it trains, not for the whole split at start-up, and no later task converts it again.
+        Token rows come as int64 ids (N, T), converted for each call."""
+        if self._images is None:
+            return to_float_tensor(self.train_data.x[indices.numpy()], self.info)
         todo = indices[~self._normalised[indices]].unique()
         if len(todo):
             self._images[todo] = to_float_tensor(self.train_data.x[todo.numpy()], self.info, channels_last=True)

@@ -60,10 +60,10 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class DataConfig:
     name: str = "digits"
-    root: str | None = None            # --data-root; where cifar10/, svhn/, stl10/ live
+    root: str | None = None            # --data-root; where cifar10/, svhn/, stl10/ and LEAF's femnist/ live
     download: bool = False             # only then may torchvision download
     cache_dir: str | None = None       # decoded-array cache; default ~/.cache/raysim
-    partition: str = "dirichlet"       # iid | dirichlet | shards
+    partition: str = "dirichlet"       # iid | dirichlet | shards | natural (one client per natural user)
     alpha: float = 0.3                 # Dirichlet concentration
     min_samples_per_client: int = 10
     shards_per_client: int = 2         # (R) SVHN class-grouped partition
@@ -71,6 +71,8 @@ class DataConfig:
     val_fraction: float = 0.1          # (R) local validation split for CRA's q_i
     train_subsample: int | None = None  # keep a fixed subset of this many training images, the same for every
                                         # seed (stream (0, "train-subsample")): a smaller data set for quick studies
+    max_samples_per_user: int | None = None  # natural partition: keep a fixed subset of at most this many of each
+                                       # user's training samples, the same for every seed (None = all)
     test_subsample: int | None = None  # evaluate on a seeded subset of the test split (None = all)
     server_holdout: int | None = None  # public server hold-out (training images removed before partitioning,
                                        # owned by no client); None: 500 with cra.utility=server_val_f1, else 0
@@ -355,7 +357,7 @@ def validate(cfg: Config) -> Config:
         _fail("momentum", f"must be in [0, 1), got {cfg.momentum}")
     d, p, r = cfg.data, cfg.privacy, cfg.runtime
     _choice("model", cfg.model, MODEL_NAMES)
-    _choice("data.partition", d.partition, ("iid", "dirichlet", "shards"))
+    _choice("data.partition", d.partition, ("iid", "dirichlet", "shards", "natural"))
     if not d.alpha > 0:
         _fail("data.alpha", f"must be > 0, got {d.alpha}")
     if not 0 <= d.val_fraction < 1:
@@ -388,6 +390,10 @@ def validate(cfg: Config) -> Config:
         _fail("runtime.checkpoint_every", f"must be >= 0 (0: no checkpoints), got {r.checkpoint_every}")
     if r.torch_threads < 1:
         _fail("runtime.torch_threads", f"must be >= 1, got {r.torch_threads}")
+    if d.max_samples_per_user is not None and d.max_samples_per_user < 1:
+        _fail("data.max_samples_per_user", f"must be >= 1 (or null: every sample), got {d.max_samples_per_user}")
+    if d.max_samples_per_user is not None and d.partition != "natural":
+        _fail("data.max_samples_per_user", "applies to data.partition: natural only (use data.train_subsample)")
     if d.train_subsample is not None and d.train_subsample < 1:
         _fail("data.train_subsample", f"must be >= 1 (or null: the whole training split), got {d.train_subsample}")
     if d.test_subsample is not None and d.test_subsample < 1:   # 0 would score every round on no image

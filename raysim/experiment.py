@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -53,8 +52,7 @@ def subsample_train(cfg: Config, train: Any) -> Any:
     k = cfg.data.train_subsample
     if k is None or k >= len(train.y):
         return train
-    keep = np.sort(np_generator(0, "train-subsample").choice(len(train.y), k, replace=False))
-    return dataclasses.replace(train, x=train.x[keep], y=train.y[keep])
+    return train.take(np.sort(np_generator(0, "train-subsample").choice(len(train.y), k, replace=False)))
 
 
 def preflight(cfg: Config, train: Any) -> None:
@@ -62,7 +60,7 @@ def preflight(cfg: Config, train: Any) -> None:
     from raysim.privacy.plan import resolve_clipping
     from raysim.run_data import make_partition
     resolve_clipping(get_method(cfg.method), cfg)
-    make_partition(cfg, train.y)
+    make_partition(cfg, train)
 
 
 @dataclass

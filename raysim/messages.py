@@ -67,6 +67,7 @@ class ClientData:
     client_id: int
     train_indices: np.ndarray
     val_indices: np.ndarray
+    user: str | None = None   # the natural user whose rows these are (data.partition: natural)
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ def sigmas(cfg) -> np.ndarray:
     cfg = resolve_preset(cfg)
     spec = get_method(cfg.method)
     train = load_dataset(cfg.data.name, "train", cfg.data.root, cache_dir=cfg.data.cache_dir)
-    clients = make_partition(cfg, train.y)
+    clients = make_partition(cfg, train)
     n = np.array([len(c.train_indices) for c in clients])
     q = np.array([sample_rate(int(k), cfg.batch_size) for k in n])
     steps = np.array([steps_per_epoch(int(k), cfg.batch_size) * cfg.local_epochs for k in n])

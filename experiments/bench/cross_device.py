@@ -164,7 +164,7 @@ def floor(cfg, train, timed: int, threads: int) -> dict:
     from raysim.run_data import make_partition
 
     torch.set_num_threads(threads)
-    clients = make_partition(cfg, train.y)
+    clients = make_partition(cfg, train)
     cohort = participation_schedule(cfg)[0]
     x_all = to_float_tensor(train.x, train.info)
     shards = [(x_all[clients[c].train_indices], torch.from_numpy(train.y[clients[c].train_indices].astype(np.int64)))

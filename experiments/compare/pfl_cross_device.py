@@ -142,7 +142,7 @@ def worker(args: argparse.Namespace) -> None:
 
     cfg = raysim_config(args.data_root, args.rounds)
     train, test = prepare(cfg)
-    clients = make_partition(cfg, train.y)
+    clients = make_partition(cfg, train)
     # Each shard once in a seeded random order (pfl's benchmark shuffles the data once, before partitioning;
     # the split is sorted by label), one gather, then a view per client.
     rng = np.random.default_rng(cfg.seed)

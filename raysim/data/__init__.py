@@ -1,6 +1,6 @@
 """Datasets (readers, on-disk cache), partitioners and local validation splits."""
 
-from raysim.data.partition import PARTITIONERS, partition, partition_stats, train_val_split
+from raysim.data.partition import PARTITIONERS, SCHEMES, natural_partition, partition, partition_stats, train_val_split
 from raysim.data.registry import (
     DATASETS,
     ArrayDataset,
@@ -22,6 +22,8 @@ __all__ = [
     "register_dataset",
     "to_float_tensor",
     "PARTITIONERS",
+    "SCHEMES",
+    "natural_partition",
     "partition",
     "partition_stats",
     "train_val_split",

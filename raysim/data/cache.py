@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["default_cache_dir", "cache_key", "load_cached", "save_cached", "CACHE_FORMAT_VERSION"]
+__all__ = ["default_cache_dir", "cache_key", "load_cached", "save_cached", "load_natural", "save_natural",
+           "CACHE_FORMAT_VERSION"]
 
 #: Bump when the decoded layout changes so stale entries are ignored rather than misread.
 CACHE_FORMAT_VERSION = 1
@@ -104,6 +105,50 @@ def save_cached(cache_dir: Path, dataset: str, split: str, key: str, x: np.ndarr
         _atomic_save(y_path, np.ascontiguousarray(y, dtype=np.int64))
     except OSError as exc:
         warnings.warn(f"could not write the dataset cache in {cache_dir} ({exc}); decoding again next time",
+                      RuntimeWarning, stacklevel=3)
+        return False
+    return True
+
+
+def _natural_paths(cache_dir: Path, dataset: str, split: str, key: str) -> dict[str, Path]:
+    stem = cache_dir / f"{dataset}-{split}-{key}"
+    return {part: Path(f"{stem}.{part}.npy") for part in ("x", "y", "users")} | {"names": Path(f"{stem}.users.json")}
+
+
+def load_natural(cache_dir: Path, dataset: str, split: str, key: str
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]] | None:
+    """``(x, y, users, user names)`` of a natural data set's split, or ``None`` on a miss (a damaged
+    entry is a miss too)."""
+    paths = _natural_paths(cache_dir, dataset, split, key)
+    if not all(p.is_file() for p in paths.values()):
+        return None
+    try:
+        x, y, users = (np.load(paths[k], allow_pickle=False) for k in ("x", "y", "users"))
+        names = json.loads(paths["names"].read_text())
+    except (OSError, ValueError):
+        return None
+    if x.dtype != np.uint8 or y.dtype != np.int64 or y.shape != (x.shape[0],) or users.shape != y.shape:
+        return None
+    if not isinstance(names, list) or (len(users) and (users.min() < 0 or users.max() >= len(names))):
+        return None
+    return x, y, users, names
+
+
+def save_natural(cache_dir: Path, dataset: str, split: str, key: str, x: np.ndarray, y: np.ndarray,
+                 users: np.ndarray, names: Sequence[str]) -> bool:
+    """Store a natural data set's split; like :func:`save_cached`, a cache that cannot be written warns."""
+    paths = _natural_paths(cache_dir, dataset, split, key)
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        _atomic_save(paths["x"], np.ascontiguousarray(x, dtype=np.uint8))
+        _atomic_save(paths["users"], np.ascontiguousarray(users, dtype=np.int32))
+        fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=".names.", suffix=".tmp")
+        with os.fdopen(fd, "w") as fh:
+            json.dump(list(names), fh)
+        os.replace(tmp, paths["names"])
+        _atomic_save(paths["y"], np.ascontiguousarray(y, dtype=np.int64))   # last: a complete entry has y
+    except OSError as exc:
+        warnings.warn(f"could not write the dataset cache in {cache_dir} ({exc}); building again next time",
                       RuntimeWarning, stacklevel=3)
         return False
     return True

@@ -8,7 +8,7 @@ from the same generator, which keeps them reproducible.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 from raysim.config import ConfigError
@@ -16,9 +16,12 @@ from raysim.config import ConfigError
 if TYPE_CHECKING:
     import pandas
 
-__all__ = ["PARTITIONERS", "partition", "train_val_split", "partition_stats"]
+__all__ = ["PARTITIONERS", "SCHEMES", "partition", "natural_partition", "train_val_split", "partition_stats"]
 
+#: Schemes that cut a labelled data set into clients; ``natural`` (:func:`natural_partition`) gives
+#: each client one natural user's rows instead.
 PARTITIONERS = ("iid", "dirichlet", "shards")
+SCHEMES = (*PARTITIONERS, "natural")
 
 
 def _validate(labels: np.ndarray, num_clients: int, scheme: str, alpha: float, min_samples_per_client: int,
@@ -189,9 +192,41 @@ def partition(labels: np.ndarray, num_clients: int, scheme: str, rng: np.random.
         f"lower data.min_samples_per_client, {knob}, or use fewer clients")
 
 
+def natural_partition(users: np.ndarray, user_names: tuple[str, ...], num_clients: int, rng: np.random.Generator,
+                      row_keys: Callable[[np.ndarray], np.ndarray], *, min_samples_per_client: int = 1
+                      ) -> tuple[list[np.ndarray], list[str]]:
+    """One client per natural user: ``num_clients`` users drawn without replacement from those with at
+    least ``min_samples_per_client`` rows (all of them when ``num_clients`` is their number), ordered
+    by name; each client's rows (indices) ordered by ``row_keys(rows)``, a key of each row's content
+    (:func:`raysim.data.natural.row_keys`).
+
+    Nothing here depends on the order of the rows: shuffling them gives the same users, and each user
+    the same examples in the same order. Returns (index arrays, user names).
+    """
+    users = np.asarray(users)
+    counts = np.bincount(users, minlength=len(user_names)) if users.size else np.zeros(len(user_names), np.int64)
+    eligible = [int(u) for u in np.argsort(np.asarray(user_names, dtype=object), kind="stable")
+                if counts[u] >= max(min_samples_per_client, 1)]
+    if num_clients > len(eligible):
+        floor = f" with at least data.min_samples_per_client={min_samples_per_client} samples" \
+            if min_samples_per_client > 1 else ""
+        raise ConfigError(f"num_clients={num_clients} is more than the {len(eligible)} natural users{floor} "
+                          f"of this data set; lower num_clients (or data.min_samples_per_client)")
+    if num_clients < len(eligible):
+        eligible = [eligible[i] for i in np.sort(rng.choice(len(eligible), num_clients, replace=False))]
+    order = np.argsort(users, kind="stable")
+    starts = np.searchsorted(users[order], np.arange(len(user_names) + 1))
+    parts = []
+    for u in eligible:
+        rows = order[starts[u]:starts[u + 1]].astype(np.int64)
+        parts.append(rows[np.argsort(row_keys(rows), kind="stable")])
+    return parts, [user_names[u] for u in eligible]
+
+
 def train_val_split(indices: np.ndarray, val_fraction: float,
-                    rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Split one client's indices into (train, val), both sorted int64.
+                    rng: np.random.Generator, *, keep_order: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Split one client's indices into (train, val), both sorted int64 (with ``keep_order``: each in the
+    order ``indices`` gives them, for a natural user's rows in content order).
 
     ``val`` gets ``round(val_fraction * n)`` indices (half rounds up), at least 1 when
     ``val_fraction > 0`` and ``n >= 2``, and never all of them. The validation split is private data of
@@ -208,11 +243,15 @@ def train_val_split(indices: np.ndarray, val_fraction: float,
     else:
         n_val = 0 if n < 2 else n_val
     order = rng.permutation(n)
+    if keep_order:
+        return indices[np.sort(order[n_val:])], indices[np.sort(order[:n_val])]
     return np.sort(indices[order[n_val:]]), np.sort(indices[order[:n_val]])
 
 
-def partition_stats(labels: np.ndarray, parts: list[np.ndarray], num_classes: int) -> pandas.DataFrame:
-    """Per-client class counts in long format: columns ``client_id``, ``label``, ``count`` (zeros included)."""
+def partition_stats(labels: np.ndarray, parts: list[np.ndarray], num_classes: int,
+                    users: list[str] | None = None) -> pandas.DataFrame:
+    """Per-client class counts in long format: columns ``client_id``, ``user`` (the client's natural
+    user, or None), ``label``, ``count`` (zeros included)."""
     import pandas as pd
 
     labels = np.asarray(labels)
@@ -222,6 +261,7 @@ def partition_stats(labels: np.ndarray, parts: list[np.ndarray], num_classes: in
                        for p in parts]) if parts else np.zeros((0, num_classes), dtype=np.int64)
     return pd.DataFrame({
         "client_id": np.repeat(np.arange(len(parts), dtype=np.int64), num_classes),
+        "user": np.repeat(np.asarray(users if users is not None else [None] * len(parts), dtype=object), num_classes),
         "label": np.tile(np.arange(num_classes, dtype=np.int64), len(parts)),
         "count": counts.reshape(-1).astype(np.int64),
     })

@@ -6,6 +6,7 @@ root except through that download; decoded arrays go to a separate on-disk cache
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,12 @@ class DatasetNotFoundError(ConfigError):
 
 @dataclass(frozen=True)
 class DatasetInfo:
-    """Static facts about a dataset; ``mean``/``std`` are per channel, in [0, 1] pixel units."""
+    """Static facts about a dataset; ``mean``/``std`` are per channel, in [0, 1] pixel units.
+
+    ``kind`` is ``image`` (uint8 rows (H, W, C), normalised to floats for the model) or ``tokens``
+    (uint8 rows of ``seq_len`` token ids, given to the model as int64; ``num_classes`` is then the
+    vocabulary, the labels being the next token). ``natural_users``: every row belongs to a natural user
+    (a speaking role, a writer), so ``data.partition: natural`` can give each client one user's rows."""
 
     name: str
     num_classes: int
@@ -47,18 +53,30 @@ class DatasetInfo:
     image_size: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    kind: str = "image"
+    seq_len: int = 0
+    natural_users: bool = False
 
 
 @dataclass(frozen=True)
 class ArrayDataset:
-    """A whole split in memory: ``x`` uint8 (N, H, W, C) channels-last, ``y`` int64 (N,)."""
+    """A whole split in memory: ``x`` uint8 (N, H, W, C) channels-last images or (N, T) token ids,
+    ``y`` int64 (N,). A data set with natural users also has ``users`` (N,) int32, each row's index
+    into ``user_names``; the same user has the same name in the train and test splits."""
 
     x: np.ndarray
     y: np.ndarray
     info: DatasetInfo
+    users: np.ndarray | None = None
+    user_names: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
+
+    def take(self, rows: np.ndarray) -> ArrayDataset:
+        """The rows ``rows`` (indices), users included."""
+        return dataclasses.replace(self, x=self.x[rows], y=self.y[rows],
+                                   users=None if self.users is None else self.users[rows])
 
 
 DATASETS: dict[str, DatasetInfo] = {
@@ -67,9 +85,18 @@ DATASETS: dict[str, DatasetInfo] = {
     "cifar10": DatasetInfo("cifar10", 10, 3, 32, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
     "svhn": DatasetInfo("svhn", 10, 3, 32, (0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970)),
     "stl10": DatasetInfo("stl10", 10, 3, 96, (0.4467, 0.4398, 0.4066), (0.2603, 0.2566, 0.2713)),
+    # Natural federations (raysim.data.natural). FEMNIST's pixels go to the model as LEAF gives them,
+    # in [0, 1] (mean 0, std 1: no normalisation); the Shakespeare sets are 80-character windows over
+    # LEAF's 80-symbol vocabulary, labelled with the next character.
+    "femnist": DatasetInfo("femnist", 62, 1, 28, (0.0,), (1.0,), natural_users=True),
+    "shakespeare": DatasetInfo("shakespeare", 80, 0, 0, (), (), kind="tokens", seq_len=80, natural_users=True),
+    "leaf_shakespeare": DatasetInfo("leaf_shakespeare", 80, 0, 0, (), (), kind="tokens", seq_len=80,
+                                    natural_users=True),
 }
 
 _PRETTY = {"cifar10": "CIFAR-10", "svhn": "SVHN", "stl10": "STL-10"}
+#: Data sets read by raysim.data.natural rather than the image readers.
+_NATURAL = ("femnist", "shakespeare", "leaf_shakespeare")
 
 #: Data sets registered from outside raysim: name -> loader(split, root) -> (x uint8 NHWC, y int64).
 _LOADERS: dict[str, Callable[[str, str | None], tuple[np.ndarray, np.ndarray]]] = {}
@@ -161,6 +188,9 @@ def load_dataset(name: str, split: str, root: str | None, *, download: bool = Fa
         x, y = _load_registered(name, split, root)
     elif name == "digits":
         x, y = _readers.read_digits(split)
+    elif name in _NATURAL:
+        from raysim.data import natural
+        return natural.load(DATASETS[name], split, root, cache_dir)
     else:
         x, y = _load_files(name, split, root, download, cache_dir)
     return ArrayDataset(x=x, y=y, info=DATASETS[name])
@@ -169,7 +199,12 @@ def load_dataset(name: str, split: str, root: str | None, *, download: bool = Fa
 def to_float_tensor(x: np.ndarray, info: DatasetInfo, *, channels_last: bool = False) -> torch.Tensor:
     """uint8 (N, H, W, C) → float32 (N, C, H, W), normalised as ``(x/255 - mean) / std``: contiguous, or
     with ``channels_last`` in the channels-last memory format (the input's own order, so no transposing
-    copy is made; the values are the same bits either way)."""
+    copy is made; the values are the same bits either way). Token rows (``info.kind == "tokens"``,
+    uint8 (N, T)) are not floats: they become the int64 (N, T) token ids the model embeds."""
+    if info.kind == "tokens":
+        if x.dtype != np.uint8 or x.ndim != 2 or x.shape[1] != info.seq_len:
+            raise ValueError(f"expected uint8 token rows of shape (N, {info.seq_len}), got {x.dtype} {tuple(x.shape)}")
+        return torch.from_numpy(x.astype(np.int64))
     if x.dtype != np.uint8 or x.ndim != 4 or x.shape[-1] != info.channels:
         raise ValueError(f"expected uint8 images of shape (N, H, W, {info.channels}), "
                          f"got {x.dtype} {tuple(x.shape)}")

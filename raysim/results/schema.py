@@ -57,7 +57,7 @@ CLIENTS_BASE = pa.schema([
 ])
 
 PARTITIONS = pa.schema([
-    ("run_id", STR), ("client_id", I64), ("label", I64), ("count", I64), ("split", STR),
+    ("run_id", STR), ("client_id", I64), ("user", STR), ("label", I64), ("count", I64), ("split", STR),
 ])
 
 #: ``raysim tune``: one row per planned run of a tune (stage search | final | fixed | private).

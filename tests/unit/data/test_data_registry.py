@@ -18,15 +18,18 @@ def _real_data_root() -> Path:
 
 
 def test_names_and_infos() -> None:
-    assert dataset_names() == ["cifar10", "digits", "stl10", "svhn"]
+    assert dataset_names() == ["cifar10", "digits", "femnist", "leaf_shakespeare", "shakespeare", "stl10", "svhn"]
     for name, info in DATASETS.items():
-        assert info.name == name and info.num_classes == 10
+        assert info.name == name
         assert len(info.mean) == len(info.std) == info.channels
+        assert info.num_classes == {"femnist": 62, "shakespeare": 80, "leaf_shakespeare": 80}.get(name, 10)
+        assert info.natural_users == (name in ("femnist", "shakespeare", "leaf_shakespeare"))
     assert (DATASETS["stl10"].image_size, DATASETS["digits"].channels) == (96, 1)
+    assert (DATASETS["shakespeare"].kind, DATASETS["shakespeare"].seq_len) == ("tokens", 80)
 
 
 def test_unknown_name_or_split_lists_valid_ones() -> None:
-    with pytest.raises(ValueError, match="cifar10, digits, stl10, svhn"):
+    with pytest.raises(ValueError, match="cifar10, digits, femnist, leaf_shakespeare, shakespeare, stl10, svhn"):
         load_dataset("mnist", "train", None)
     with pytest.raises(ValueError, match="train, test"):
         load_dataset("digits", "validation", None)
