@@ -42,7 +42,7 @@ CLIPPING_MODES = ("per_sample", "batch", "none")
 UPDATE_CLIPPING = "update"
 #: Backbones of the top-level ``model`` key, built by ``raysim.models.model_for``; a model registered from
 #: outside (``raysim.models.register_model``) is added to the ``model`` choices by ``add_choice``.
-MODEL_NAMES = ("cnn", "resnet18_gn", "wrn16_4")
+MODEL_NAMES = ("cnn", "resnet18_gn", "wrn16_4", "leaf_cnn", "char_lstm")
 _EXTRA_CHOICES: dict[str, list[str]] = {}
 
 

@@ -1,4 +1,5 @@
-"""Model factories: the paper's CNN and the GroupNorm backbones, by the config's ``model`` key."""
+"""Model factories by the config's ``model`` key: the paper's CNN, the GroupNorm backbones, LEAF's FEMNIST
+CNN and the character LSTM of McMahan et al. 2017."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from torch import nn
 
 from raysim.config import MODEL_NAMES, add_choice
 from raysim.models.backbones import resnet18_gn, wrn16_4
-from raysim.models.cnn import CNN, build_model, count_parameters, init_parameters
+from raysim.models.cnn import CNN, build_model, count_parameters, init_parameters, leaf_cnn
+from raysim.models.lstm import char_lstm
 from raysim.config import ConfigError
 
 __all__ = ["CNN", "build_model", "build_backbone", "count_parameters", "init_parameters", "model_for",
@@ -35,13 +37,22 @@ def model_names() -> list[str]:
 def build_backbone(name: str, in_channels: int, image_size: int, num_classes: int, *, lldm: bool = False,
                    lldm_reduction: float = 0.5, lldm_keep_fraction: float = 0.5) -> nn.Module:
     """``name`` in ``MODEL_NAMES``; ``lldm=True`` inserts FedDimDP's LLDM block after the last conv
-    block (for the residual nets: after the last stage, before global average pooling)."""
+    block (for the residual nets: after the last stage, before global average pooling). ``char_lstm``
+    reads only ``num_classes`` (its vocabulary) and has no conv block for LLDM (ConfigError)."""
     if name in _REGISTERED:
         options = {"lldm": lldm, "lldm_reduction": lldm_reduction, "lldm_keep_fraction": lldm_keep_fraction}
         return _REGISTERED[name](in_channels, image_size, num_classes, **({} if not lldm else options))
     if name == "cnn":
         return build_model(in_channels, image_size, num_classes, lldm=lldm, lldm_reduction=lldm_reduction,
                            lldm_keep_fraction=lldm_keep_fraction)
+    if name == "leaf_cnn":
+        return leaf_cnn(in_channels, image_size, num_classes, lldm=lldm, lldm_reduction=lldm_reduction,
+                        lldm_keep_fraction=lldm_keep_fraction)
+    if name == "char_lstm":
+        if lldm:
+            raise ConfigError("feddimdp.lldm: FedDimDP's LLDM block is a conv block and model char_lstm has none; "
+                              "set feddimdp.lldm=false or use method feddimdp-no-lldm")
+        return char_lstm(in_channels, image_size, num_classes)
     builders = {"resnet18_gn": resnet18_gn, "wrn16_4": wrn16_4}
     if name not in builders:
         raise ConfigError(f"unknown model {name!r}; choose one of {', '.join(model_names())}")

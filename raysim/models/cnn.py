@@ -15,6 +15,10 @@ from torch import nn
 from raysim.models.lldm import TopKGradSparsifier
 
 
+#: Width of the dense layer of LEAF's FEMNIST CNN (:func:`leaf_cnn`).
+LEAF_HIDDEN = 2048
+
+
 class CNN(nn.Module):
     """Backbone CNN, optionally with the LLDM block of FedDimDP after the last conv block.
 
@@ -65,6 +69,15 @@ def build_model(in_channels: int, image_size: int, num_classes: int, *, lldm: bo
     return CNN(in_channels, image_size, num_classes)
 
 
+def leaf_cnn(in_channels: int, image_size: int, num_classes: int, *, lldm: bool = False,
+             lldm_reduction: float = 0.5, lldm_keep_fraction: float = 0.5) -> CNN:
+    """LEAF's FEMNIST CNN (Caldas et al. 2018): the same two 5x5 'same' conv blocks (32 and 64 channels,
+    ReLU, 2x2 max-pool) with a 2048-unit dense layer; 6,603,710 parameters for 28x28x1 input and 62 classes."""
+    if lldm:
+        return CNN(in_channels, image_size, num_classes, lldm_reduction, lldm_keep_fraction, hidden=LEAF_HIDDEN)
+    return CNN(in_channels, image_size, num_classes, hidden=LEAF_HIDDEN)
+
+
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -73,16 +86,30 @@ def init_parameters(model: nn.Module, generator: torch.Generator) -> None:
     """PyTorch's default Conv2d/Linear initialisation, drawn from an explicit generator.
 
     (kaiming-uniform with a=√5 for weights, U(±1/√fan_in) for biases), so the initial global
-    model depends only on the run's seed, never on the global RNG; GroupNorm: weight 1, bias 0.
-    Any other parametrised module is refused, so that no parameter keeps a global-RNG draw.
+    model depends only on the run's seed, never on the global RNG; GroupNorm: weight 1, bias 0;
+    Embedding: N(0, 1), its padding row 0. A module with an ``init_from(generator)`` method (an LSTM
+    layer, ``raysim.models.lstm``) initialises itself and everything in it. Any other parametrised
+    module is refused, so that no parameter keeps a global-RNG draw.
     """
+    done: set[int] = set()
     for module in model.modules():
+        if id(module) in done:
+            continue
+        if callable(getattr(module, "init_from", None)):
+            module.init_from(generator)
+            done.update(id(m) for m in module.modules())
+            continue
         own = list(module.parameters(recurse=False))
-        if own and not isinstance(module, (nn.Conv2d, nn.Linear, nn.GroupNorm)):
+        if own and not isinstance(module, (nn.Conv2d, nn.Linear, nn.GroupNorm, nn.Embedding)):
             raise ValueError(f"init_parameters cannot initialise a {type(module).__name__} from a generator")
         if isinstance(module, nn.GroupNorm) and module.affine:
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
+        if isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, generator=generator)
+            if module.padding_idx is not None:
+                with torch.no_grad():
+                    module.weight[module.padding_idx].zero_()
         if isinstance(module, (nn.Conv2d, nn.Linear)):
             nn.init.kaiming_uniform_(module.weight, a=math.sqrt(5), generator=generator)
             if module.bias is not None:

@@ -12,10 +12,13 @@ Li et al. 2021). One forward pass records each layer's input activation ``a``; o
 computes weight gradients) gives the output gradients ``g``. Each layer's per-example squared
 norms come from the ghost norm or from materialised per-example grads, whichever its shapes make
 cheaper, and its clipped sum ``Σ_i c_i G_i`` is one contraction; the per-layer rules live in
-:mod:`raysim.privacy.layer_grads`. Custom autograd functions between layers (LLDM's top-k
-gradient sparsifier) are handled because ``g`` is what the real backward pass delivers at each
-layer output. Refused with a ValueError: parametrised modules other than Conv2d (groups=1),
-Linear and GroupNorm, tied weights, layer outputs modified in place.
+:mod:`raysim.privacy.layer_grads`. A layer called several times in one forward pass (a recurrent
+cell's Linear, once per step) has its per-example gradients summed over its calls. Custom autograd
+functions between layers (LLDM's top-k gradient sparsifier) are handled because ``g`` is what the
+real backward pass delivers at each layer output. Supported parametrised modules: Conv2d
+(groups=1), Linear (on (B, D) or on (B, ..., D) sequences), GroupNorm, Embedding (without
+``max_norm`` or ``scale_grad_by_freq``); refused with a ValueError: any other, tied weights, layer
+outputs modified in place.
 
 ``vmap`` is the reference engine: ``torch.func.vmap(grad(·))`` over examples, any model whose
 layers torch.func can transform (not LLDM's sparsifier, an old-style autograd.Function).
@@ -294,7 +297,7 @@ def _clip_factors_with(norms: torch.Tensor, extra: SparseExamples | None, groups
 
 @register_engine("bk")
 class BookKeepingEngine:
-    """One forward and one output-gradient backward pass; Conv2d (groups=1), Linear, GroupNorm.
+    """One forward and one output-gradient backward pass; Conv2d (groups=1), Linear, GroupNorm, Embedding.
 
     ``on_phase``, when set, is called with a phase name as each phase of :meth:`clipped_sum` ends
     (``forward``, ``backward``, ``norms <layer>``, ``clip factors``, ``clipped sum <layer>``): the

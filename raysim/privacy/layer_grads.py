@@ -5,13 +5,17 @@ clipped per-example gradients once the clip factors are known.
 Which way a layer is handled is a fixed function of its shapes (never of timings, so that the
 result, down to the last bit, does not depend on the machine's load):
 
-- ``Linear`` on (B, D): ghost norm ``‖a_i‖²‖g_i‖²``; the clipped sum is one ``mm`` of the
-  pre-scaled ``g`` with ``a``, the same call plain backprop makes.
-- ``Conv2d`` and ``Linear`` on sequences, with T output positions, per-example grad
-  ``G_i = g_i a_iᵀ`` (D_out × D_in): the ghost norm ``⟨a_iᵀa_i, g_iᵀg_i⟩`` costs about
-  ``B·T²·(D_in + D_out)`` multiply-adds, the explicit ``G_i`` ``B·T·D_in·D_out``; the cheaper is
-  taken (mixed ghost clipping, Bu et al. 2022, with the cost model of both contractions rather
-  than memory alone). On the ghost path a conv's clipped sum is one ordinary weight-gradient
+- ``Linear`` on (B, D), called once: ghost norm ``‖a_i‖²‖g_i‖²``; the clipped sum is one ``mm`` of
+  the pre-scaled ``g`` with ``a``, the same call plain backprop makes.
+- ``Conv2d``, and ``Linear`` on sequences or called several times (a recurrent layer, once per
+  step), with T output positions over all its calls: per-example grad ``G_i = Σ_t g_it a_itᵀ``
+  (D_out × D_in). The ghost norm ``⟨A_i A_iᵀ, G_i G_iᵀ⟩`` (A_i: the T × D_in rows of example i's
+  inputs, G_i its T × D_out output gradients) costs about ``B·T²·(D_in + D_out)`` multiply-adds,
+  the explicit ``G_i`` ``B·T·D_in·D_out``; the cheaper is taken (mixed ghost clipping, Bu et al.
+  2022, with the cost model of both contractions rather than memory alone). A Linear's calls are
+  gathered into one (B, T, D) block of rows, so either way is one batched matmul, and its clipped
+  sum is one ``mm`` of the pre-scaled output-gradient rows with the input rows (B·T rows), what plain
+  backprop computes. On the ghost path a conv's clipped sum is one ordinary weight-gradient
   call with the output gradients pre-scaled by the clip factors. An explicit conv ``G_i`` is, for
   few input channels, held transposed, ``G_iᵀ`` (D_in × D_out): a batched matmul of the input's
   patches (a strided view of the padded NCHW input, copied 2 MB of the batch at a time) with the
@@ -21,6 +25,16 @@ result, down to the last bit, does not depend on the machine's load):
   layout's small result is transposed back to the weight's shape).
 - ``GroupNorm`` (affine): per-example ``dγ_c = Σ g·x̂`` and ``dβ_c = Σ g`` over the channel's
   positions, with ``x̂`` the normalised input, recomputed from the recorded input.
+- ``Embedding`` (V × D table) on T token positions: example i's gradient is the scatter of its
+  output gradients g_it to the rows of its tokens, ``E_i[v] = Σ_{t: x_it = v} g_it``. Its squared norm
+  comes either from that scatter, a (B, V, D) tensor (about ``B·(V + T)·D`` work and memory), or
+  from the ghost norm over pairs of positions holding the same token,
+  ``Σ_{t,s: x_it = x_is} ⟨g_it, g_is⟩`` (``B·T²·(D + 1)``, no V-sized tensor), whichever its shapes
+  make cheaper: the scatter for a character vocabulary (V = 80, T = 80), the ghost norm for a word
+  vocabulary of thousands with short windows. The clipped sum is one ``index_add`` of the pre-scaled
+  output gradients into the table's rows (B·T rows of D), what plain backprop computes. The padding
+  row, if any, gets no gradient; ``max_norm`` (which rewrites the table in the forward pass) and
+  ``scale_grad_by_freq`` (which scales a gradient by counts over the whole batch) are refused.
 """
 
 from __future__ import annotations
@@ -32,7 +46,7 @@ from torch import nn
 __all__ = ["SUPPORTED", "check_supported", "LayerStats"]
 
 #: Parametrised module types the book-keeping engine handles.
-SUPPORTED = (nn.Conv2d, nn.Linear, nn.GroupNorm)
+SUPPORTED = (nn.Conv2d, nn.Linear, nn.GroupNorm, nn.Embedding)
 
 #: At most this many input channels, an explicit conv per-example grad is a batched matmul of the
 #: input's NCHW patches with the channels-last output gradients (:func:`_conv_im2col`); above, the
@@ -58,9 +72,13 @@ def check_supported(layers: list[nn.Module], names: dict[int, str]) -> None:
             if layer.groups != 1:
                 raise ValueError(f"grad-sample engine 'bk' supports Conv2d with groups=1 only; "
                                  f"module {name!r} ({layer}) has groups={layer.groups}")
+        elif isinstance(layer, nn.Embedding):
+            if layer.max_norm is not None or layer.scale_grad_by_freq:
+                raise ValueError(f"grad-sample engine 'bk' supports Embedding without max_norm and "
+                                 f"scale_grad_by_freq only; module {name!r} ({layer}) sets one")
         elif not isinstance(layer, SUPPORTED):
-            raise ValueError(f"grad-sample engine 'bk' supports only Conv2d, Linear and GroupNorm layers "
-                             f"with parameters; module {name!r} is a {type(layer).__name__}")
+            raise ValueError(f"grad-sample engine 'bk' supports only Conv2d, Linear, GroupNorm and Embedding "
+                             f"layers with parameters; module {name!r} is a {type(layer).__name__}")
         for pname, _ in layer.named_parameters(recurse=False):
             if pname not in ("weight", "bias"):
                 raise ValueError(f"module {name!r} has an unexpected parameter {pname!r}")
@@ -138,15 +156,23 @@ def _unfold_input(layer: nn.Conv2d, a: torch.Tensor) -> torch.Tensor:
     return F.unfold(a, layer.kernel_size, dilation=layer.dilation, padding=padding, stride=layer.stride)
 
 
-def _as_sequence(layer: nn.Module, a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both operands in (B, D, L) layout, so that per-example grad of the weight is g @ aᵀ."""
-    batch = a.shape[0]
-    if isinstance(layer, nn.Conv2d):
-        return _unfold_input(layer, a), g.reshape(batch, g.shape[1], -1)
-    if a.dim() == 2:
-        return a.unsqueeze(2), g.unsqueeze(2)
-    # Linear on (B, ..., D): the middle dims are positions sharing the weight.
-    return a.reshape(batch, -1, a.shape[-1]).transpose(1, 2), g.reshape(batch, -1, g.shape[-1]).transpose(1, 2)
+def _conv_sequence(layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A conv's input patches and output gradients as (B, D, L), so that a per-example weight grad is g @ aᵀ."""
+    return _unfold_input(layer, a), g.reshape(g.shape[0], g.shape[1], -1)
+
+
+def _rows(tensors: list[torch.Tensor], batch: int, width: int) -> torch.Tensor:
+    """A layer's recorded (B, ..., width) tensors of all its calls as one (B, L, width) block of rows
+    (a view for a single call on contiguous rows; a copy gathering the calls otherwise)."""
+    if len(tensors) == 1:
+        return tensors[0].reshape(batch, -1, width)
+    return torch.cat([t.reshape(batch, -1, width) for t in tensors], dim=1)
+
+
+def embedding_uses_ghost_norm(vocab: int, dim: int, positions: int) -> bool:
+    """Whether an Embedding's per-example norms come from the ghost norm over position pairs (cost
+    ``T²·(D + 1)`` an example) rather than from the scattered (V, D) gradient (``(V + T)·D``)."""
+    return positions * positions * (dim + 1) < (vocab + positions) * dim
 
 
 def _sq_norms(t: torch.Tensor) -> torch.Tensor:
@@ -204,7 +230,7 @@ class LayerStats:
     def __init__(self, layer: nn.Module, records: list[tuple[torch.Tensor, torch.Tensor]],
                  batch: int, dtype: torch.dtype, device: torch.device) -> None:
         self.layer = layer
-        self.a = self.g = self.scaled_records = None
+        self.a = self.g = self.scaled_records = self.tokens = None
         # parameter name → per-example grads (B, ...) as consecutive chunks of the batch
         self.per_example: dict[str, list[torch.Tensor]] = {}
         # per_example["weight"] holds each example's (D_in, D_out) transpose of the weight's (D_out, D_in)
@@ -214,6 +240,8 @@ class LayerStats:
             return
         if isinstance(layer, nn.GroupNorm):
             self._group_norm(records)
+        elif isinstance(layer, nn.Embedding):
+            self._embedding(records, batch)
         else:
             self._bias(records, batch)
             if layer.weight.requires_grad:
@@ -257,25 +285,54 @@ class LayerStats:
             # Linear on (B, D): ‖g_i a_iᵀ‖² = ‖a_i‖²‖g_i‖²; the sum is an mm on pre-scaled g.
             self.a, self.g = records[0][0], records[0][1]
             self.sq_norm = self.sq_norm + _sq_norms(self.a) * _sq_norms(self.g)
-        elif positions * (d_in + d_out) < d_in * d_out:
+            return
+        ghost = positions * (d_in + d_out) < d_in * d_out
+        if not conv:
+            batch = records[0][0].shape[0]
+            a_rows = _rows([a for a, _ in records], batch, d_in)     # (B, L, D_in)
+            g_rows = _rows([g for _, g in records], batch, d_out)    # (B, L, D_out)
+            if ghost:
+                # ‖Σ_t g_t a_tᵀ‖_F² = ⟨A Aᵀ, G Gᵀ⟩ over position pairs; the sum is one mm over B·L rows.
+                aa = torch.bmm(a_rows, a_rows.transpose(1, 2))
+                gg = torch.bmm(g_rows, g_rows.transpose(1, 2))
+                self.sq_norm = self.sq_norm + (aa * gg).sum(dim=(1, 2))
+                self.a, self.g = a_rows, g_rows
+            else:
+                self.per_example["weight"] = [torch.bmm(g_rows.transpose(1, 2), a_rows)]
+        elif ghost:
             # Ghost norm ‖g aᵀ‖_F² = ⟨aᵀa, gᵀg⟩ over position pairs.
-            seqs = [_as_sequence(layer, a, g) for a, g in records]
+            seqs = [_conv_sequence(layer, a, g) for a, g in records]
             a_seq = torch.cat([a for a, _ in seqs], dim=2) if len(seqs) > 1 else seqs[0][0]
             g_seq = torch.cat([g for _, g in seqs], dim=2) if len(seqs) > 1 else seqs[0][1]
             aa = torch.bmm(a_seq.transpose(1, 2), a_seq)
             gg = torch.bmm(g_seq.transpose(1, 2), g_seq)
             self.sq_norm = self.sq_norm + (aa * gg).sum(dim=(1, 2))
             # The clipped sum is an ordinary weight gradient with g pre-scaled by the clip factors:
-            # for a conv, oneDNN's weight-grad call on the recorded maps beats contracting the patches.
-            self.scaled_records = list(records) if conv else None
-            if not conv:
-                self.a, self.g = a_seq, g_seq
-        elif conv:
+            # oneDNN's weight-grad call on the recorded maps beats contracting the patches.
+            self.scaled_records = list(records)
+        else:
             self.per_example["weight"] = _conv_per_example_chunks(layer, records, records[0][0].shape[0])
             self.weight_transposed = _uses_im2col(layer)
+
+    def _embedding(self, records, batch: int) -> None:
+        layer = self.layer
+        if not layer.weight.requires_grad:
+            return
+        vocab, dim = layer.weight.shape
+        tokens = torch.cat([a.reshape(batch, -1) for a, _ in records], dim=1).long()         # (B, L)
+        g = _rows([g for _, g in records], batch, dim)                                       # (B, L, D)
+        if layer.padding_idx is not None:
+            g = g.masked_fill((tokens == layer.padding_idx).unsqueeze(2), 0.0)
+        if embedding_uses_ghost_norm(vocab, dim, tokens.shape[1]):
+            # Ghost norm: Σ over position pairs holding the same token of ⟨g_it, g_is⟩.
+            same = tokens.unsqueeze(2) == tokens.unsqueeze(1)
+            sq = (torch.bmm(g, g.transpose(1, 2)) * same).sum(dim=(1, 2))
         else:
-            self.per_example["weight"] = [_total(torch.bmm(g, a.transpose(1, 2))
-                                              for a, g in (_as_sequence(layer, *r) for r in records))]
+            # Each example's (V, D) gradient, scattered from its positions' output gradients.
+            per_example = g.new_zeros(batch, vocab, dim).scatter_add_(1, tokens.unsqueeze(2).expand(-1, -1, dim), g)
+            sq = _sq_norms(per_example)
+        self.sq_norm = self.sq_norm + sq
+        self.tokens, self.g = tokens, g
 
     def clipped_sums(self, factors: torch.Tensor,
                      into: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
@@ -301,13 +358,18 @@ class LayerStats:
             elif pname == "weight" and self.scaled_records is not None:
                 value = _total(_conv_weight_grad(self.layer, a, g * factors.view(-1, 1, 1, 1))
                                for a, g in self.scaled_records)
+            elif pname == "weight" and self.tokens is not None:
+                rows = (self.g * factors.view(-1, 1, 1)).reshape(-1, p.shape[1])
+                target = acc if acc is not None else torch.zeros_like(p)
+                out[pname] = target.index_add_(0, self.tokens.reshape(-1), rows)
+                continue
             elif pname == "weight" and self.a is not None:
                 scaled = self.g * factors.view(-1, *([1] * (self.g.dim() - 1)))
-                if self.a.dim() == 2 and acc is not None:
-                    out[pname] = acc.addmm_(scaled.t(), self.a)     # Linear on (B, D): sum straight into acc
+                a_rows, g_rows = self.a.reshape(-1, self.a.shape[-1]), scaled.reshape(-1, scaled.shape[-1])
+                if acc is not None:
+                    out[pname] = acc.addmm_(g_rows.t(), a_rows)     # one mm over B·L rows, straight into acc
                     continue
-                value = (torch.mm(scaled.t(), self.a) if self.a.dim() == 2
-                         else torch.einsum("bol,bil->oi", scaled, self.a)).reshape(p.shape)
+                value = torch.mm(g_rows.t(), a_rows)
             if acc is not None:
                 out[pname] = acc if value is None else acc.add_(value)
             else:

@@ -7,7 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from raysim.models import build_backbone, init_parameters
 from raysim.models.cnn import build_model
+from raysim.models.lstm import CharLSTM
 from raysim.models.lldm import TopKGradSparsifier
 from raysim.privacy import layer_grads
 from raysim.privacy.grad_sample import (
@@ -125,10 +127,22 @@ def _between_middle(values: torch.Tensor) -> float:
     return float(ordered[mid - 1] + ordered[mid]) / 2
 
 
-def _data(shape, classes, batch=8, seed=0):
+#: Small character LSTMs (the class of model ``char_lstm``): (vocab, embedding, hidden, window). At the
+#: first sizes every layer takes the explicit per-example path (embedding: 7²·4 ≥ (11 + 7)·3; the
+#: recurrent Linear over 6 steps: 6·(5 + 20) ≥ 5·20), at the second the ghost norm (3²·5 < (40 + 3)·4;
+#: 2·(16 + 64) < 16·64; the input projections over 3 positions: 3·(4 + 64) < 4·64, 3·(16 + 64) < 16·64).
+LSTMS = {"lstm_explicit": (11, 3, 5, 7), "lstm_ghost": (40, 4, 16, 3)}
+
+
+def _data(shape, classes, batch=8, seed=0, kind=None):
+    """Gaussian inputs of ``shape``, or for a token model (``kind`` in ``LSTMS``) token ids of ``shape``
+    in [0, classes)."""
     gen = torch.Generator().manual_seed(seed)
-    return (torch.randn((batch, *shape), generator=gen, dtype=torch.float64),
-            torch.randint(0, classes, (batch,), generator=gen))
+    if kind in LSTMS:
+        x = torch.randint(0, classes, (batch, *shape), generator=gen)
+    else:
+        x = torch.randn((batch, *shape), generator=gen, dtype=torch.float64)
+    return x, torch.randint(0, classes, (batch,), generator=gen)
 
 
 def _model(kind: str) -> tuple[nn.Module, tuple[int, ...], int]:
@@ -143,10 +157,17 @@ def _model(kind: str) -> tuple[nn.Module, tuple[int, ...], int]:
         return GhostConvNet().double(), (3, 7, 7), 4
     if kind in ("gn_lldm", "gn"):
         return GroupNormNet(sparsify=kind == "gn_lldm").double(), (3, 8, 8), 5
+    if kind == "leaf_cnn":    # LEAF's FEMNIST CNN (dense 2048) on 8x8 inputs, to keep the naive loop small
+        return build_backbone("leaf_cnn", 1, 8, 62).double(), (1, 8, 8), 62
+    if kind in LSTMS:
+        vocab, embed, hidden, window = LSTMS[kind]
+        model = CharLSTM(vocab, embed, hidden)
+        init_parameters(model, torch.Generator().manual_seed(0))
+        return model.double(), (window,), vocab
     return OddConvNet().double(), (3, 11, 11), 4
 
 
-MODELS = ["cnn32", "cnn32_lldm", "cnn8_gray", "odd_conv", "gn_lldm", "ghost_conv"]
+MODELS = ["cnn32", "cnn32_lldm", "cnn8_gray", "odd_conv", "gn_lldm", "ghost_conv", "leaf_cnn", *LSTMS]
 
 
 def _assert_grads_close(got, want):
@@ -159,7 +180,7 @@ def _assert_grads_close(got, want):
 @pytest.mark.parametrize("kind", MODELS)
 def test_bk_matches_naive_loop_flat(kind):
     model, shape, classes = _model(kind)
-    x, y = _data(shape, classes)
+    x, y = _data(shape, classes, kind=kind)
     examples = per_example_grads(model, x, y)
     _, norms, _, _, _ = naive(model, examples, 1.0)
     clip = _between_middle(norms)  # half the examples get clipped, none sits at the threshold
@@ -177,10 +198,11 @@ def test_bk_matches_naive_loop_flat(kind):
     assert all(p.grad is None for p in model.parameters())
 
 
-@pytest.mark.parametrize("kind", ["cnn32_lldm", "cnn8_gray", "odd_conv", "gn_lldm", "ghost_conv"])
+@pytest.mark.parametrize("kind", ["cnn32_lldm", "cnn8_gray", "odd_conv", "gn_lldm", "ghost_conv", "leaf_cnn",
+                                  *LSTMS])
 def test_bk_matches_naive_loop_per_layer(kind):
     model, shape, classes = _model(kind)
-    x, y = _data(shape, classes, seed=1)
+    x, y = _data(shape, classes, seed=1, kind=kind)
     examples = per_example_grads(model, x, y)
     _, _, layer_norms, _, _ = naive(model, examples, 1.0)
     thresholds = [_between_middle(layer_norms[:, k]) for k in range(layer_norms.shape[1])]
@@ -189,6 +211,62 @@ def test_bk_matches_naive_loop_per_layer(kind):
     res = make_engine("bk").clipped_sum(model, x, y, thresholds, per_layer=True)
     _assert_grads_close(res.grads, want)
     assert res.num_clipped == clipped
+
+
+def test_char_lstm_at_its_real_sizes_matches_naive_loop():
+    """Model ``char_lstm`` as built for LEAF's Shakespeare (80 characters, 80-character windows): its
+    embedding scatter, explicit first input projection, ghost-norm recurrent Linears over 79 calls."""
+    model = build_backbone("char_lstm", 1, 1, 80)
+    init_parameters(model, torch.Generator().manual_seed(0))
+    model = model.double()
+    gen = torch.Generator().manual_seed(5)
+    x, y = torch.randint(0, 80, (2, 80), generator=gen), torch.randint(0, 80, (2,), generator=gen)
+    examples = per_example_grads(model, x, y)
+    _, norms, _, _, _ = naive(model, examples, 1.0)
+    clip = float(norms.mean())      # one example clipped, one not
+    want, norms, layer_norms, clipped, _ = naive(model, examples, clip)
+    res = make_engine("bk").clipped_sum(model, x, y, clip)
+    assert clipped == res.num_clipped == 1
+    _assert_grads_close(res.grads, want)
+    torch.testing.assert_close(res.per_layer_norms, layer_norms, **TOL)
+
+
+class EmbeddingNet(nn.Module):
+    """An Embedding with a padding row, called twice (on two token windows), into a Linear on the sequence."""
+
+    def __init__(self, vocab: int, dim: int, padding_idx: int | None) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim, padding_idx=padding_idx)
+        self.mix = nn.Linear(dim, 3)
+
+    def forward(self, tokens):
+        half = tokens.shape[1] // 2
+        x = torch.cat([self.embed(tokens[:, :half]), torch.tanh(self.embed(tokens[:, half:]))], dim=1)
+        return self.mix(torch.tanh(x)).sum(1)
+
+
+@pytest.mark.parametrize("vocab, dim, length", [(5, 3, 8), (300, 2, 6)], ids=["scatter", "ghost"])
+def test_embedding_with_padding_row_called_twice_matches_naive_loop(vocab, dim, length):
+    """Repeated tokens within an example, the padding row (no gradient), two calls summed; both ways
+    of the per-example norm, flat and per-layer clipping."""
+    assert layer_grads.embedding_uses_ghost_norm(vocab, dim, length) == (vocab > 5)
+    torch.manual_seed(0)
+    model = EmbeddingNet(vocab, dim, padding_idx=1).double()
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randint(0, min(vocab, 4), (7, length), generator=gen)     # few distinct tokens: many repeats
+    x[:, 0] = 1
+    y = torch.randint(0, 3, (7,), generator=gen)
+    examples = per_example_grads(model, x, y)
+    assert all(torch.count_nonzero(grads[0][1]) == 0 for grads in examples)
+    _, norms, layer_norms, _, _ = naive(model, examples, 1.0)
+    for clip, per_layer in ((_between_middle(norms), False),
+                            ([_between_middle(layer_norms[:, k]) for k in range(2)], True)):
+        want, _, _, clipped, _ = naive(model, examples, clip, per_layer=per_layer)
+        res = make_engine("bk").clipped_sum(model, x, y, clip, per_layer=per_layer)
+        _assert_grads_close(res.grads, want)
+        assert res.num_clipped == clipped > 0
+        vm = make_engine("vmap").clipped_sum(model, x, y, clip, per_layer=per_layer)
+        _assert_grads_close(vm.grads, want)
 
 
 def test_single_example_clipped_sum_has_norm_at_most_c():
@@ -226,10 +304,10 @@ def test_float32_close_to_float64():
 
 
 @pytest.mark.parametrize("per_layer", [False, True])
-@pytest.mark.parametrize("kind", ["cnn8_gray", "odd_conv", "gn"])
+@pytest.mark.parametrize("kind", ["cnn8_gray", "odd_conv", "gn", *LSTMS])
 def test_vmap_engine_agrees_with_bk(kind, per_layer):
     model, shape, classes = _model(kind)
-    x, y = _data(shape, classes, seed=3)
+    x, y = _data(shape, classes, seed=3, kind=kind)
     k = len(parametrised_layers(model))
     clip = [0.3] * k if per_layer else 0.5
     bk = make_engine("bk").clipped_sum(model, x, y, clip, per_layer=per_layer)
@@ -268,6 +346,10 @@ def test_empty_batch(name):
      "'1' is a BatchNorm1d"),
     (nn.Sequential(nn.Conv2d(2, 4, 1, groups=2), nn.Flatten(), nn.Linear(16, 3)), torch.randn(2, 2, 2, 2),
      "'0'.*groups=2"),
+    (nn.Sequential(nn.Embedding(5, 3, max_norm=1.0), nn.Flatten(), nn.Linear(6, 3)), torch.tensor([[0, 1], [2, 3]]),
+     "'0'.*max_norm"),
+    (nn.Sequential(nn.Embedding(5, 3, scale_grad_by_freq=True), nn.Flatten(), nn.Linear(6, 3)),
+     torch.tensor([[0, 1], [2, 3]]), "'0'.*scale_grad_by_freq"),
 ])
 def test_unsupported_modules_are_named(module, x, match):
     with pytest.raises(ValueError, match=match):
