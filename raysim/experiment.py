@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator, Protocol
 import numpy as np
 
 from raysim.algorithms.registry import all_methods, get_method, resolve_preset
-from raysim.config import Config, ConfigError, run_id_for
+from raysim.config import MODEL_NAMES, SEQUENCE_MODELS, Config, ConfigError, run_id_for
 from raysim.data import DATASETS, load_dataset
 from raysim.privacy.plan import epsilon_exceptions
 from raysim.results import ResultsSink
@@ -26,6 +26,12 @@ def check_config(cfg: Config) -> Config:
     cfg = resolve_preset(cfg)
     if cfg.data.name not in DATASETS:
         raise ConfigError(f"config key 'data.name': unknown dataset {cfg.data.name!r}; choose one of {', '.join(sorted(DATASETS))}")
+    tokens = DATASETS[cfg.data.name].kind == "tokens"
+    if cfg.model in MODEL_NAMES and tokens != (cfg.model in SEQUENCE_MODELS):
+        fits = [m for m in MODEL_NAMES if (m in SEQUENCE_MODELS) == tokens]
+        raise ConfigError(f"config key 'model': {cfg.model!r} reads {'images' if tokens else 'token sequences'}, and "
+                          f"data set {cfg.data.name!r} has {'token sequences' if tokens else 'images'}; "
+                          f"choose {' or '.join(fits)}")
     from raysim.privacy.grad_sample import ENGINES   # the engine registry owns the names
     if cfg.privacy.engine not in ENGINES:
         raise ConfigError(f"config key 'privacy.engine': unknown value {cfg.privacy.engine!r}; "

