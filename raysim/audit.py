@@ -229,17 +229,23 @@ def _design_layer(layer: nn.Module, params: dict[str, int], a_shape: tuple, g_sh
     name's offset there). A pad entry repeats the first coordinate with value 0."""
     empty = (np.zeros((0, 2), np.int64), np.zeros((0, 2), np.int64), np.zeros((0, 2)), np.zeros((0, 2), np.int64),
              np.zeros((0, 2)))
-    if isinstance(layer, nn.Linear) and len(a_shape) == 1 and layer.weight.requires_grad:
-        # a = e_i, g = e_o: weight (o, i) = 1 (the canary's own coordinate) and bias o = 1 (shared).
-        d_in, d_out = a_shape[0], g_shape[0]
+    if isinstance(layer, nn.Linear) and len(a_shape) in (1, 2) and layer.weight.requires_grad:
+        # a = e_i, g = e_o: weight (o, i) = 1 (the canary's own coordinate) and bias o = 1 (shared). On a
+        # sequence (T, D) (an LSTM's input projection), both at one position t drawn per canary.
+        d_in, d_out = a_shape[-1], g_shape[-1]
         pick = rng.choice(d_in * d_out, size=min(wanted, d_in * d_out), replace=False)
         o, i = pick // d_in, pick % d_in
         none = np.full(len(pick), -1)
+        if len(a_shape) == 2:
+            t = rng.integers(0, a_shape[0], len(pick))
+            i_at, o_at = t * d_in + i, t * d_out + o
+        else:
+            i_at, o_at = i, o
         w = params["weight"] + o * d_in + i
         has_bias = "bias" in params
         coords = np.stack([w, params["bias"] + o if has_bias else w], axis=1)
         values = np.stack([np.ones(len(pick)), np.ones(len(pick)) if has_bias else np.zeros(len(pick))], axis=1)
-        return (np.stack([i, none], axis=1), np.stack([o, none], axis=1), np.tile([1.0, 0.0], (len(pick), 1)),
+        return (np.stack([i_at, none], axis=1), np.stack([o_at, none], axis=1), np.tile([1.0, 0.0], (len(pick), 1)),
                 coords, values)
     if (isinstance(layer, nn.Conv2d) and isinstance(layer.padding, tuple) and layer.padding_mode == "zeros"
             and layer.weight.requires_grad):
