@@ -14,7 +14,6 @@ participants, so memory and round time do not grow with the number of clients th
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import pickle
 import time
@@ -196,8 +195,13 @@ class Simulation:
         # Public schedule, drawn up front from the seed (raysim.participation).
         self.schedule = participation_schedule(cfg)
         if cfg.privacy.unit == "client":
-            joint = any(u.release.kind == "joint" for u in self.spec.uploads(cfg))
-            client_level = client_level_plan(cfg, self.spec.server.sigma_schedule(cfg), adaptive_count=joint)
+            joint = [u.release for u in self.spec.uploads(cfg) if u.release.kind == "joint"]
+            if len(joint) > 1:
+                raise ValueError(f"method {self.spec.name!r} declares {len(joint)} joint uploads; the client-level "
+                                 f"plan accounts one (adaptive clipping's count)")
+            count_std = (joint[0].noise_multiplier or None) if joint else None   # 0: the plan's default σ_b
+            client_level = client_level_plan(cfg, self.spec.server.sigma_schedule(cfg), adaptive_count=bool(joint),
+                                             count_std=count_std)
             self.privacy: PrivacyBook | PopulationBook = PopulationBook(client_level, cfg.num_clients, self.schedule)
         else:
             client_level = None
@@ -382,8 +386,8 @@ class Simulation:
             results = results + extra
         # A round without participants (possible with participation=poisson) leaves the global model and
         # the server state as they are, except under privacy.unit=client, where the server's noised
-        # release is made whoever took part. Diagnostics are logged, never shown to the server.
-        shown = [dataclasses.replace(r, diagnostics={}) for r in results]
+        # release is made whoever took part. What the simulation only logs is never shown to the server.
+        shown = [r.server_view(self.cfg.privacy.unit) for r in results]
         if total is not None and not self.cfg.runtime.sum_on_actors:
             if [r.num_samples for r in results] != [len(self.clients[c].train_indices) for c in participants]:
                 raise RuntimeError(f"round {t}: the clients' training-set sizes are not those the updates were "
