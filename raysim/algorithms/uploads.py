@@ -189,7 +189,7 @@ def check_uncovered(uploads: Sequence[Upload], clipping: str, unit: str, allowed
         else:
             accounted = ACCOUNTED.get(unit, ())
             what = (f"as a {upload.release.kind} release, which privacy.unit={unit} does not account (its ledger "
-                    f"accounts {' and '.join(accounted) + ' uploads' if accounted else 'no upload'} besides the update)")
+                    f"accounts {'only ' + ' and '.join(accounted) + ' uploads' if accounted else 'no upload'} besides the update)")
         raise ConfigError(f"this config uploads {missing[0]} ({upload.description}) {what}, so ε would not cover "
                           f"it; use its private default, or opt in with privacy.allow_uncovered: [{', '.join(missing)}]")
     return keys
