@@ -39,7 +39,7 @@ from raysim.privacy.accounting import PrivacyLedger
 from raysim.privacy.book import PopulationBook, PrivacyBook, max_planned
 from raysim.privacy.grad_sample import layer_slices
 from raysim.privacy.plan import ParticipationPlan, not_covered, resolve_clipping
-from raysim.privacy.population import client_level_plan
+from raysim.privacy.population import client_level_plan, epsilon_scope
 from raysim.results import rows
 from raysim.rng import torch_generator
 from raysim.run_data import prepare_run_data
@@ -207,6 +207,7 @@ class Simulation:
             client_level = None
             self.privacy = PrivacyBook(self.spec, cfg, self.clipping, self.q, self.steps, self.schedule)
         self.full_participation = self.privacy.full_participation
+        self.epsilon_scope = epsilon_scope(cfg)   # whose ε the rows carry
         self.model = model_for(cfg, train.info, self.spec.model_options(cfg))
         init_parameters(self.model, torch_generator(cfg.train_seed, "model-init"))
         with torch.no_grad():
@@ -419,10 +420,10 @@ class Simulation:
             "communication_seconds": max(0.0, (done.t1 - done.t0 - sent.plan_seconds) - slowest),
             "aggregation_seconds": done.t2 - done.t1, "accounting_seconds": sent.plan_seconds + (done.t3 - done.t2),
             "eval_seconds": t4 - done.t3}
-        round_row = rows.round_row(t, len(sent.participants), ev, val, clip_total, float(self.epsilons.max()), results,
-                                   timings, agg.round_logs if agg is not None else {})
+        round_row = rows.round_row(t, len(sent.participants), ev, val, clip_total, float(self.epsilons.max()),
+                                   self.epsilon_scope, results, timings, agg.round_logs if agg is not None else {})
         logs_of = (agg.client_logs if agg is not None else None) or [{}] * len(results)
-        client_rows = rows.client_rows(t, results, tasks, logs_of, clip_total, self.epsilons)
+        client_rows = rows.client_rows(t, results, tasks, logs_of, clip_total, self.epsilons, self.epsilon_scope)
         return RoundRecord(t, round_row, client_rows, max_noise_multiplier=done.max_sigma)
 
     def _evaluates_on_worker(self, t: int) -> bool:

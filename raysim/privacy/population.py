@@ -47,7 +47,8 @@ from raysim.privacy.accounting import PrivacyLedger, StepEvent, compute_epsilon,
 dp_accounting = LazyModule("dp_accounting")
 rdp_privacy_accountant = LazyModule("dp_accounting.rdp.rdp_privacy_accountant")
 
-__all__ = ["ClientLevelPlan", "client_level_plan", "joint_update_sigma", "privacy_scope", "ADAPTIVE_COUNT_DIVISOR"]
+__all__ = ["ClientLevelPlan", "client_level_plan", "joint_update_sigma", "privacy_scope", "epsilon_scope",
+           "EPSILON_SCOPES", "ADAPTIVE_COUNT_DIVISOR"]
 
 #: σ_b = k / ADAPTIVE_COUNT_DIVISOR by default (Andrew et al. 2021's choice, k the expected cohort size).
 ADAPTIVE_COUNT_DIVISOR = 20.0
@@ -194,19 +195,36 @@ ADJACENCY = {
 }
 
 
+#: Whose ε a run's tables and outputs show (``epsilon_scope``, beside every ε): ``per-client`` (the example
+#: unit: each client's own ε; a run's or a round's is the largest), ``population`` (the client unit: the
+#: simulated federation's one ε), ``deployment`` (the client unit with the noise sized for
+#: ``privacy.noise_cohort_size`` of ``privacy.population_size``: that deployment's ε, not the simulated clients').
+EPSILON_SCOPES = ("per-client", "population", "deployment")
+
+
+def epsilon_scope(cfg: Config) -> str:
+    """The ``epsilon_scope`` of ``cfg`` (one of :data:`EPSILON_SCOPES`)."""
+    if cfg.privacy.unit != "client":
+        return "per-client"
+    return "deployment" if cfg.privacy.noise_cohort_size is not None else "population"
+
+
 def privacy_scope(cfg: Config) -> dict[str, str]:
-    """The runs table's ``privacy_unit``, ``adjacency`` and ``epsilon_scope`` of ``cfg`` (what its ε is for)."""
+    """The runs table's ``privacy_unit``, ``adjacency``, ``epsilon_scope`` (:func:`epsilon_scope`) and
+    ``epsilon_scope_detail`` (the scope in words) of ``cfg``: what its ε is for."""
     p = cfg.privacy
+    scope = epsilon_scope(cfg)
     if p.unit == "example":
         return {"privacy_unit": "example", "adjacency": "add/remove one training example of one client",
-                "epsilon_scope": "each client's own ε (the run's is the largest)"}
+                "epsilon_scope": scope, "epsilon_scope_detail": "each client's own ε (the run's is the largest)"}
     sampling = _sampling(cfg)
-    if p.noise_cohort_size is not None:
-        scope = (f"a deployment of {p.noise_cohort_size} clients a round out of {p.population_size} (noise sized "
-                 f"for it), not the simulated federation of {cfg.num_clients}")
+    if scope == "deployment":
+        detail = (f"a deployment of {p.noise_cohort_size} clients a round out of {p.population_size} (noise sized "
+                  f"for it), not the simulated federation of {cfg.num_clients}")
     else:
-        scope = f"the simulated population of {cfg.num_clients} clients"
-    return {"privacy_unit": "client", "adjacency": ADJACENCY[sampling], "epsilon_scope": scope}
+        detail = f"the simulated population of {cfg.num_clients} clients"
+    return {"privacy_unit": "client", "adjacency": ADJACENCY[sampling], "epsilon_scope": scope,
+            "epsilon_scope_detail": detail}
 
 
 def client_level_plan(cfg: Config, schedule: Sequence[float], adaptive_count: bool,

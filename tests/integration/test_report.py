@@ -109,7 +109,7 @@ def test_summarise_matches_direct_pandas(sweep):
     fedavg_last = last.loc[sweep.fedavg, "test_accuracy"]
     assert s.loc["fedavg", "accuracy_mean"] == pytest.approx(fedavg_last.mean())
     assert s.loc["fedavg", "seeds"] == "0,1" and s.loc["fedavg", "n_configs"] == 1
-    assert s.loc["fedavg", "privacy"] == "no DP" and s.loc["feddimdp", "privacy"] == "ε=8"
+    assert s.loc["fedavg", "privacy"] == "no DP" and s.loc["feddimdp", "privacy"] == "ε=8 (per-client)"
     assert s.loc["feddimdp", "epsilon_mean"] == pytest.approx(8.0, rel=1e-3)
 
 

@@ -112,7 +112,11 @@ def test_noise_sized_for_a_deployment():
     # the simulated average carries the deployment average's noise σ'C/k'
     assert plan.update_noise_std(1, 2.0) == pytest.approx(plan.sigma * 2.0 / 1000)
     assert plan.epsilon(200) <= 8.0
-    assert "deployment of 1000 clients a round out of 1000000" in privacy_scope(cfg)["epsilon_scope"]
+    scope = privacy_scope(cfg)
+    assert scope["epsilon_scope"] == "deployment"
+    assert "deployment of 1000 clients a round out of 1000000" in scope["epsilon_scope_detail"]
+    assert privacy_scope(client_cfg())["epsilon_scope"] == "population"
+    assert privacy_scope(config_from_dict({"method": "fedavg", "privacy": {"epsilon": 8.0}}))["epsilon_scope"] == "per-client"
 
 
 def test_adaptive_clipping_joint_noise():
