@@ -183,7 +183,7 @@ def test_report_cli(sweep, tmp_path, capsys):
     # ε/δ of each run and what the accountant does not cover
     assert "logged by the simulation only, never uploaded" in md and "everything (no DP)" in md
     dim_line = next(ln for ln in md.splitlines() if ln.startswith(f"| {sweep.feddimdp} | feddimdp | completed"))
-    assert "| 8 | 1e-05 |" in dim_line
+    assert "| 8 (per-client) | 1e-05 |" in dim_line
     assert "paper (claimed)" in md and "Table II" in md
     # figures: relative paths that exist, in both documents
     images = [ln.split("](")[1].rstrip(")") for ln in md.splitlines() if ln.startswith("![")]
