@@ -8,7 +8,7 @@ b̄ = (Σ_i (b_i − 1/2) + noise)/k + 1/2, which is (Σ_i b_i + noise)/k when e
 C^(t+1) = C^(t)·exp(−η_c(b̄ − γ)). The update noise σ_Δ satisfies (σ_Δ⁻² + (2σ_b)⁻²)^(−1/2) = σ, so the
 round's joint release is accounted as one Gaussian of multiplier σ (``raysim.privacy.population``): a
 larger σ_b leaves more of the budget to the update. ``quantile.norm_source`` is the record-level
-variant's key.
+variant's key (``update`` is refused under this unit).
 
 Under ``privacy.unit=example`` (a record-level variant):
 
@@ -76,6 +76,9 @@ class QuantileParams:
         if cfg.privacy.unit == "client" and self.noise_multiplier == 0:
             fail("quantile.noise_multiplier", "must be > 0 under privacy.unit=client: σ_b is the noise on the "
                  "count released with the update, which the joint σ accounts (unset: k/20)")
+        if cfg.privacy.unit == "client" and self.norm_source != "per_example":
+            fail("quantile.norm_source", "is the record-level variant's key; under privacy.unit=client b_i is "
+                 "always 1[‖Δ_i‖ <= C^(t)] from the update's norm before clipping (leave it unset)")
         if not 0 <= self.target_quantile <= 1:
             fail("quantile.target_quantile", f"must be in [0, 1], got {self.target_quantile}")
         check_choice("quantile.norm_source", self.norm_source, ("per_example", "update"))

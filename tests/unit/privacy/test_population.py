@@ -151,6 +151,8 @@ def test_adaptive_clipping_sigma_b_is_configurable():
     assert unset.release.noise_multiplier == 0.0                     # the plan's k/20
     with pytest.raises(ConfigError, match="quantile.noise_multiplier.*must be > 0 under privacy.unit=client"):
         client_cfg(method="dp-fedavg-adaptive", quantile={"noise_multiplier": 0.0})
+    with pytest.raises(ConfigError, match="quantile.norm_source.*record-level variant's key"):
+        client_cfg(method="dp-fedavg-adaptive", quantile={"norm_source": "update"})
 
 
 def test_adaptive_count_noise_on_the_server(monkeypatch):
