@@ -51,16 +51,6 @@ def test_a_deployment_sized_run_names_the_scope_of_its_epsilon_everywhere(tmp_pa
     assert f"{runs['epsilon'].item():.4g} (deployment)" in md and "ε=8 (deployment), client-level" in md
 
 
-def test_a_record_level_run_labels_its_epsilon_per_client(tmp_path, capsys):
-    from raysim.cli.run import print_run_summary
-    summary = execute(config_from_dict({**DEPLOYMENT, "rounds": 1, "num_clients": 4, "clients_per_round": None,
-                                        "privacy": {"noise_multiplier": 1.0}}), str(tmp_path))
-    assert summary.row["epsilon_scope"] == "per-client"
-    assert (read_table(str(tmp_path), "rounds")["epsilon_scope"] == "per-client").all()
-    print_run_summary([summary.row], str(tmp_path))
-    assert f"{summary.row['epsilon']:.4f} (per-client)" in capsys.readouterr().out
-
-
 # --------------------------------------------------------------------------- what the server receives
 
 SEEN: list[ClientResult] = []
@@ -82,12 +72,17 @@ def recording():
     unregister("recording")
 
 
-@pytest.mark.parametrize("unit", ["example", "client"])
-def test_the_server_never_receives_what_the_simulation_only_logs(recording, tmp_path, unit):
+@pytest.mark.parametrize("unit, scope", [("example", "per-client"), ("client", "population")])
+def test_the_server_never_receives_what_the_simulation_only_logs(recording, tmp_path, capsys, unit, scope):
+    from raysim.cli.run import print_run_summary
     privacy = {"unit": unit, "noise_multiplier": 1.0}
-    execute(config_from_dict({**DEPLOYMENT, "method": "recording", "rounds": 1, "clients_per_round": None,
-                              "num_clients": 4, "privacy": privacy}), str(tmp_path))
+    summary = execute(config_from_dict({**DEPLOYMENT, "method": "recording", "rounds": 1, "clients_per_round": None,
+                                        "num_clients": 4, "privacy": privacy}), str(tmp_path))
     clients = read_table(str(tmp_path), "clients")
+    # whose ε, outside a deployment too
+    assert summary.row["epsilon_scope"] == scope and (clients["epsilon_scope"] == scope).all()
+    print_run_summary([summary.row], str(tmp_path))
+    assert f"{summary.row['epsilon']:.4f} ({scope})" in capsys.readouterr().out
     assert len(SEEN) == len(clients) == 4
     # the log rows keep them ...
     assert clients["train_loss"].notna().all() and clients["frac_clipped"].notna().all()
