@@ -127,7 +127,7 @@ def privacy_statement(tune: Any, table: list[dict[str, Any]], deltas: Mapping[st
             f"{len(tune.final_seeds)} final seeds), each trained with its own randomness, and only the best by "
             f"validation was released. ε of the released model, tuning included (largest over the final seeds): "
             + "; ".join(parts) + ". It covers the released model only: the draws' validation scores and test "
-            "metrics printed here are not covered." + caveat)
+            "metrics printed here are not covered." + whose + caveat)
 
 
 def private_epsilons(tune: Any, runs: Sequence[Any], rows: Mapping[str, Mapping[str, Any] | None]
