@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from raysim.algorithms.base import Aggregate, MethodSpec, Server, client_level_any
+from raysim.algorithms.base import Aggregate, ClientHooks, MethodSpec, Server, client_level_any
 from raysim.algorithms.registry import register, unregister
 from raysim.cli import main
 from raysim.config import config_from_dict
@@ -56,6 +56,11 @@ def test_a_deployment_sized_run_names_the_scope_of_its_epsilon_everywhere(tmp_pa
 SEEN: list[ClientResult] = []
 
 
+class StatefulHooks(ClientHooks):
+    def finalize(self, params, num_steps):
+        return {"steps": torch.tensor([float(num_steps)])}   # a state computed on the client
+
+
 class RecordingServer(Server):
     def aggregate(self, server_round: int, global_weights: torch.Tensor, results: Sequence[ClientResult]) -> Aggregate:
         SEEN.extend(results)
@@ -65,7 +70,8 @@ class RecordingServer(Server):
 @pytest.fixture
 def recording():
     register(MethodSpec(name="recording", summary="FedAvg that keeps what its server is given (a test method)",
-                        source="this test", server=RecordingServer, private=True, client_level=client_level_any,
+                        source="this test", server=RecordingServer, client=StatefulHooks, private=True,
+                        client_level=client_level_any,
                         client_level_note="DP-FedAvg"))
     SEEN.clear()
     yield
@@ -92,3 +98,5 @@ def test_the_server_never_receives_what_the_simulation_only_logs(recording, tmp_
         assert math.isnan(r.train_loss) and math.isnan(r.frac_clipped) and math.isnan(r.seconds) and r.diagnostics == {}
         # ‖Δ_i‖ is a function of a DP output under the example unit, of the mechanism's input under the client unit
         assert math.isnan(r.update_norm()) == (unit == "client")
+        # the client's state, which the simulation keeps for the client, is not the client unit's release
+        assert (r.client_state is None) == (unit == "client")
