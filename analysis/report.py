@@ -26,6 +26,7 @@ ACCOUNTING_SCOPE = (
     "neighbouring federations differ in one whole client ('adjacency'), the server adds the noise once to the "
     "cohort's clipped updates (a trusted aggregator), and one ledger holds the population's ε; where the noise "
     "is sized for a deployment, the ε is that deployment's, not the simulated federation's ('ε is for'). "
+    "Every ε shown carries whose it is in brackets (epsilon_scope): per-client, population or deployment. "
     "(docs/privacy.md.) ε covers the releases that the accountant composed. It does not cover values that "
     "clients upload and that are computed from private data outside them; the column 'not covered by ε' "
     "lists them for each run.")
