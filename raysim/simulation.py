@@ -197,8 +197,8 @@ class Simulation:
         if cfg.privacy.unit == "client":
             joint = [u.release for u in self.spec.uploads(cfg) if u.release.kind == "joint"]
             if len(joint) > 1:
-                raise ValueError(f"method {self.spec.name!r} declares {len(joint)} joint uploads; the client-level "
-                                 f"plan accounts one (adaptive clipping's count)")
+                raise ConfigError(f"method {self.spec.name!r} declares {len(joint)} joint uploads; the client-level "
+                                  f"plan accounts one (adaptive clipping's count)")
             count_std = (joint[0].noise_multiplier or None) if joint else None   # 0: the plan's default σ_b
             client_level = client_level_plan(cfg, self.spec.server.sigma_schedule(cfg), adaptive_count=bool(joint),
                                              count_std=count_std)
