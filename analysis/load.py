@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from raysim.results import read_table
+from raysim.privacy.population import EPSILON_SCOPES
 from raysim.results.rows import exceptions_of
 from raysim.config import ConfigError
 
@@ -51,16 +52,26 @@ def _config(row: pd.Series) -> dict[str, Any]:
         return {}
 
 
+def _scope(row: pd.Series, privacy: dict) -> str:
+    """The run's ``epsilon_scope`` (from its config where the row predates the column)."""
+    scope = row.get("epsilon_scope")
+    if isinstance(scope, str) and scope in EPSILON_SCOPES:
+        return scope
+    if privacy.get("unit") != "client":
+        return "per-client"
+    return "deployment" if privacy.get("noise_cohort_size") is not None else "population"
+
+
 def privacy_label(row: pd.Series) -> str:
-    """'no DP', 'ε=8' (calibrated target) or 'σ=1.1' (given noise), with the uploads ε does not cover
-    ('ε=8 except cra.local_val_f1'), plus a non-default clipping mode, or the client unit (and the
+    """'no DP', 'ε=8 (per-client)' (calibrated target, and whose ε: ``epsilon_scope``) or 'σ=1.1' (given
+    noise), with the uploads ε does not cover ('ε=8 (per-client) except cra.local_val_f1'), plus a non-default clipping mode, or the client unit (and the
     deployment the noise is sized for)."""
     privacy = _config(row).get("privacy", {})
     clipping = row.get("clipping") if isinstance(row.get("clipping"), str) else privacy.get("clipping", "auto")
     if clipping == "none":
         return "no DP"
     if privacy.get("epsilon") is not None:
-        label = f"ε={privacy['epsilon']:g}"
+        label = f"ε={privacy['epsilon']:g} ({_scope(row, privacy)})"
     elif privacy.get("noise_multiplier") is not None:
         label = f"σ={privacy['noise_multiplier']:g}"
     else:

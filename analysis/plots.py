@@ -163,8 +163,9 @@ def plot_robust_weights(results: Results, out_dir: str | Path, run_id: str | Non
 
 
 def plot_epsilon_vs_accuracy(results: Results, out_dir: str | Path) -> Path:
-    """Test accuracy against ε spent so far (rounds.epsilon, max over clients), mean over seeds;
-    non-private runs (ε = ∞) are drawn as a dashed line at their final mean accuracy."""
+    """Test accuracy against ε spent so far (rounds.epsilon, whose ε each series' privacy label says:
+    ``epsilon_scope``), mean over seeds; non-private runs (ε = ∞) are drawn as a dashed line at their final
+    mean accuracy."""
     data = _rounds_with_keys(results, "test_accuracy")
     if data.empty:
         raise NothingToPlot("no rounds recorded yet")
@@ -192,7 +193,8 @@ def plot_epsilon_vs_accuracy(results: Results, out_dir: str | Path) -> Path:
             lo, hi = min(ys), max(ys)
             pad = 0.08 * (hi - lo) if hi > lo else 0.05
             ax.set_ylim(lo - pad, hi + pad)
-        ax.set_xlabel(f"ε spent so far ({delta_txt}, max over clients)")
+        ax.set_xlabel(f"ε spent so far ({delta_txt}; per-client: max over clients, else the population's or "
+                      f"deployment's, as each label says)")
         ax.set_ylabel("test accuracy (fraction)")
         ax.set_title(setting)
         ax.grid(alpha=0.3)

@@ -26,6 +26,7 @@ ACCOUNTING_SCOPE = (
     "neighbouring federations differ in one whole client ('adjacency'), the server adds the noise once to the "
     "cohort's clipped updates (a trusted aggregator), and one ledger holds the population's ε; where the noise "
     "is sized for a deployment, the ε is that deployment's, not the simulated federation's ('ε is for'). "
+    "Every ε shown carries whose it is in brackets (epsilon_scope): per-client, population or deployment. "
     "(docs/privacy.md.) ε covers the releases that the accountant composed. It does not cover values that "
     "clients upload and that are computed from private data outside them; the column 'not covered by ε' "
     "lists them for each run.")
@@ -73,8 +74,11 @@ def _not_covered_text(row: pd.Series) -> str:
 
 
 def _epsilon_text(row: pd.Series) -> str:
-    """ε with the uploads it does not cover beside it (``privacy.allow_uncovered``), never a bare number then."""
+    """ε with whose it is (``epsilon_scope``) and the uploads it does not cover (``privacy.allow_uncovered``)."""
     text = _fmt_float(row["epsilon"])
+    scope = row.get("epsilon_scope")
+    if isinstance(scope, str) and scope and text not in (MISSING, "∞"):
+        text = f"{text} ({scope})"
     keys = exceptions_of(row.get("epsilon_exceptions"))
     return f"{text} except {', '.join(keys)}" if keys else text
 
@@ -102,7 +106,7 @@ def _privacy_table(runs: pd.DataFrame) -> pd.DataFrame:
         "clipping": [c if isinstance(c, str) else MISSING for c in runs["clipping"]],
         "accountant": runs["accountant"].fillna(MISSING),
         "unit": _column(runs, "privacy_unit"), "adjacency": _column(runs, "adjacency"),
-        "ε is for": _column(runs, "epsilon_scope"),
+        "ε is for": _column(runs, "epsilon_scope_detail" if "epsilon_scope_detail" in runs else "epsilon_scope"),
         "not covered by ε": [_not_covered_text(r) for _, r in runs.iterrows()],
     })
 
@@ -181,11 +185,14 @@ def _tuning_blocks(tuning: pd.DataFrame) -> list[_Block]:
         else:
             eps = final.groupby("contestant", sort=False)["released_epsilon"].max()
             draws = final.groupby("contestant", sort=False).size()
+            scopes = ({c: f" ({v})" for c, v in zip(final["contestant"], final["epsilon_scope"]) if isinstance(v, str) and v}
+                      if "epsilon_scope" in final else {})
             blocks.append(_Text(
                 "Privacy (private tuning, Papernot & Steinke 2022): on each final seed a random number of candidates "
                 "was trained and only the best by validation released; ε of the released model, tuning included "
                 "(largest over the seeds, at the runs' δ): "
-                + "; ".join(f"{c}: ε ≤ {_fmt_float(e, '{:.3f}')} ({draws[c]} draws)" for c, e in eps.items()) + "."))
+                + "; ".join(f"{c}: ε ≤ {_fmt_float(e, '{:.3f}')}{scopes.get(c, '')} ({draws[c]} draws)"
+                            for c, e in eps.items()) + "."))
     return blocks
 
 

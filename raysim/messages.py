@@ -11,6 +11,7 @@ writable and owns its memory.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,6 +119,17 @@ class ClientResult(_Wire):
     def update_norm(self) -> float:
         """‖Δw_i‖: ``delta_norm`` where the client sent it, else computed here from ``delta``."""
         return float(self.delta.norm()) if self.delta_norm is None else self.delta_norm
+
+    def server_view(self, unit: str) -> "ClientResult":
+        """What the server's aggregation receives: the uploads, without the values the simulation only logs
+        (``train_loss``, ``frac_clipped``, ``seconds``: NaN; ``diagnostics``: empty), and under
+        ``privacy.unit=client`` without ‖Δ_i‖ (``delta_norm``: NaN), which there is the norm of the
+        mechanism's input, not of a DP output, and without the client's new state (``client_state``: None;
+        the simulation keeps it for the client's next round). The log rows are written from the full result."""
+        client = unit == "client"
+        return dataclasses.replace(self, train_loss=math.nan, frac_clipped=math.nan, seconds=math.nan, diagnostics={},
+                                   delta_norm=math.nan if client else self.delta_norm,
+                                   client_state=None if client else self.client_state)
 
     def without_delta(self) -> "ClientResult":
         """This result with ‖Δw_i‖ and an empty ``delta``, for a Δ that is summed apart from it."""

@@ -14,7 +14,7 @@ from raysim.simulation import RoundRecord, SetupRecord
 
 
 class RunProgress:
-    """``method dataset: round k/T | acc 0.812 | ε 3.21`` on stderr."""
+    """``method dataset: round k/T | acc 0.812 | ε 3.21 (per-client)`` on stderr (whose ε: ``epsilon_scope``)."""
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -24,10 +24,12 @@ class RunProgress:
         self.last_eval: tuple[int, float, float] | None = None
         from raysim.algorithms.registry import get_method, resolve_preset
         from raysim.privacy.plan import epsilon_exceptions, resolve_clipping
+        from raysim.privacy.population import epsilon_scope
         resolved = resolve_preset(cfg)
         spec = get_method(resolved.method)
-        #: the uploads ε does not cover (privacy.allow_uncovered), shown beside ε
+        #: the uploads ε does not cover (privacy.allow_uncovered), and whose ε it is, shown beside ε
         self.exceptions = epsilon_exceptions(spec, resolved, resolve_clipping(spec, resolved))
+        self.scope = epsilon_scope(resolved)
 
     def setup(self, setup: SetupRecord) -> None:
         sig = setup.max_noise_multiplier
@@ -44,7 +46,7 @@ class RunProgress:
 
     def round(self, rec: RoundRecord) -> None:
         r = rec.round_row
-        eps = epsilon_label(r["epsilon"], self.exceptions)
+        eps = epsilon_label(r["epsilon"], self.exceptions, self.scope)
         if math.isfinite(r["test_accuracy"]):   # with eval_every > 1, the last evaluated round's metrics
             self.last_eval = (rec.server_round, r["test_accuracy"], r["test_f1"])
         if self.last_eval is None:

@@ -14,7 +14,6 @@ participants, so memory and round time do not grow with the number of clients th
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import pickle
 import time
@@ -40,7 +39,7 @@ from raysim.privacy.accounting import PrivacyLedger
 from raysim.privacy.book import PopulationBook, PrivacyBook, max_planned
 from raysim.privacy.grad_sample import layer_slices
 from raysim.privacy.plan import ParticipationPlan, not_covered, resolve_clipping
-from raysim.privacy.population import client_level_plan
+from raysim.privacy.population import client_level_plan, epsilon_scope
 from raysim.results import rows
 from raysim.rng import torch_generator
 from raysim.run_data import prepare_run_data
@@ -196,13 +195,19 @@ class Simulation:
         # Public schedule, drawn up front from the seed (raysim.participation).
         self.schedule = participation_schedule(cfg)
         if cfg.privacy.unit == "client":
-            joint = any(u.release.kind == "joint" for u in self.spec.uploads(cfg))
-            client_level = client_level_plan(cfg, self.spec.server.sigma_schedule(cfg), adaptive_count=joint)
+            joint = [u.release for u in self.spec.uploads(cfg) if u.release.kind == "joint"]
+            if len(joint) > 1:
+                raise ConfigError(f"method {self.spec.name!r} declares {len(joint)} joint uploads; the client-level "
+                                  f"plan accounts one (adaptive clipping's count)")
+            count_std = (joint[0].noise_multiplier or None) if joint else None   # 0: the plan's default σ_b
+            client_level = client_level_plan(cfg, self.spec.server.sigma_schedule(cfg), adaptive_count=bool(joint),
+                                             count_std=count_std)
             self.privacy: PrivacyBook | PopulationBook = PopulationBook(client_level, cfg.num_clients, self.schedule)
         else:
             client_level = None
             self.privacy = PrivacyBook(self.spec, cfg, self.clipping, self.q, self.steps, self.schedule)
         self.full_participation = self.privacy.full_participation
+        self.epsilon_scope = epsilon_scope(cfg)   # whose ε the rows carry
         self.model = model_for(cfg, train.info, self.spec.model_options(cfg))
         init_parameters(self.model, torch_generator(cfg.train_seed, "model-init"))
         with torch.no_grad():
@@ -382,8 +387,8 @@ class Simulation:
             results = results + extra
         # A round without participants (possible with participation=poisson) leaves the global model and
         # the server state as they are, except under privacy.unit=client, where the server's noised
-        # release is made whoever took part. Diagnostics are logged, never shown to the server.
-        shown = [dataclasses.replace(r, diagnostics={}) for r in results]
+        # release is made whoever took part. What the simulation only logs is never shown to the server.
+        shown = [r.server_view(self.cfg.privacy.unit) for r in results]
         if total is not None and not self.cfg.runtime.sum_on_actors:
             if [r.num_samples for r in results] != [len(self.clients[c].train_indices) for c in participants]:
                 raise RuntimeError(f"round {t}: the clients' training-set sizes are not those the updates were "
@@ -415,10 +420,10 @@ class Simulation:
             "communication_seconds": max(0.0, (done.t1 - done.t0 - sent.plan_seconds) - slowest),
             "aggregation_seconds": done.t2 - done.t1, "accounting_seconds": sent.plan_seconds + (done.t3 - done.t2),
             "eval_seconds": t4 - done.t3}
-        round_row = rows.round_row(t, len(sent.participants), ev, val, clip_total, float(self.epsilons.max()), results,
-                                   timings, agg.round_logs if agg is not None else {})
+        round_row = rows.round_row(t, len(sent.participants), ev, val, clip_total, float(self.epsilons.max()),
+                                   self.epsilon_scope, results, timings, agg.round_logs if agg is not None else {})
         logs_of = (agg.client_logs if agg is not None else None) or [{}] * len(results)
-        client_rows = rows.client_rows(t, results, tasks, logs_of, clip_total, self.epsilons)
+        client_rows = rows.client_rows(t, results, tasks, logs_of, clip_total, self.epsilons, self.epsilon_scope)
         return RoundRecord(t, round_row, client_rows, max_noise_multiplier=done.max_sigma)
 
     def _evaluates_on_worker(self, t: int) -> bool:

@@ -2,11 +2,13 @@
 
 Under ``privacy.unit=client`` this is the method as published: local SGD without DP; client i
 clips its update to C^(t) and reports b_i = 1[‖Δ_i‖ ≤ C^(t)] (the norm before clipping); the server
-adds N(0, σ_b²) to Σ_i (b_i − 1/2) (sensitivity 1/2), σ_b = k/20, and sets
+adds N(0, σ_b²) to Σ_i (b_i − 1/2) (sensitivity 1/2), σ_b = ``quantile.noise_multiplier`` or, unset,
+k/20 (the paper's recommendation, k the expected cohort the noise is sized for), and sets
 b̄ = (Σ_i (b_i − 1/2) + noise)/k + 1/2, which is (Σ_i b_i + noise)/k when exactly k clients report;
 C^(t+1) = C^(t)·exp(−η_c(b̄ − γ)). The update noise σ_Δ satisfies (σ_Δ⁻² + (2σ_b)⁻²)^(−1/2) = σ, so the
-round's joint release is accounted as one Gaussian of multiplier σ (``raysim.privacy.population``).
-``quantile.noise_multiplier`` and ``quantile.norm_source`` are the record-level variant's keys.
+round's joint release is accounted as one Gaussian of multiplier σ (``raysim.privacy.population``): a
+larger σ_b leaves more of the budget to the update. ``quantile.norm_source`` is the record-level
+variant's key (``update`` is refused under this unit).
 
 Under ``privacy.unit=example`` (a record-level variant):
 
@@ -63,13 +65,20 @@ class QuantileParams:
     target_quantile: float = 0.5
     noise_multiplier: float | None = None  # σ_b; unset: 25 for per_example (the client's count release,
                                        # sensitivity 1; 0 is not private and needs privacy.allow_uncovered:
-                                       # [quantile.unclipped_count]), 0 for update (the server's, post-processing)
+                                       # [quantile.unclipped_count]), 0 for update (the server's, post-processing);
+                                       # privacy.unit=client: the server's noise on Σ(b_i − 1/2), unset k/20
     norm_source: str = "per_example"   # (R) per_example (fraction of unclipped examples) | update (‖Δw‖ per step)
 
     def check(self, cfg: Config) -> None:
         for key in ("eta_c", "noise_multiplier"):
             if getattr(self, key) is not None and not getattr(self, key) >= 0:
                 fail(f"quantile.{key}", f"must be >= 0, got {getattr(self, key)}")
+        if cfg.privacy.unit == "client" and self.noise_multiplier == 0:
+            fail("quantile.noise_multiplier", "must be > 0 under privacy.unit=client: σ_b is the noise on the "
+                 "count released with the update, which the joint σ accounts (unset: k/20)")
+        if cfg.privacy.unit == "client" and self.norm_source != "per_example":
+            fail("quantile.norm_source", "is the record-level variant's key; under privacy.unit=client b_i is "
+                 "always 1[‖Δ_i‖ <= C^(t)] from the update's norm before clipping (leave it unset)")
         if not 0 <= self.target_quantile <= 1:
             fail("quantile.target_quantile", f"must be in [0, 1], got {self.target_quantile}")
         check_choice("quantile.norm_source", self.norm_source, ("per_example", "update"))
@@ -103,8 +112,9 @@ def _update_within_clip(ctx: UploadContext) -> float:
 
 def quantile_uploads(cfg: Config) -> tuple[Upload, ...]:
     if cfg.privacy.unit == "client":
+        given = cfg.quantile.noise_multiplier       # σ_b; unset (0 here): the plan's k/20
         return (Upload("update_within_clip", "b_i = 1[‖Δ_i‖ <= C^(t)], the update norm before clipping",
-                       _update_within_clip, Release("joint")),)
+                       _update_within_clip, Release("joint", float(given or 0.0))),)
     if cfg.quantile.norm_source != "per_example":
         return ()
     sigma = sigma_b(cfg)
@@ -151,6 +161,7 @@ DP_FEDAVG_ADAPTIVE = register(MethodSpec(
     source="Andrew et al., Differentially Private Learning with Adaptive Clipping, NeurIPS 2021",
     server=QuantileClipServer, private=True, uploads=quantile_uploads, adaptive_clip=lambda cfg: True,
     client_level=client_level_gaussian,
-    client_level_note="as published: the noised count of unclipped updates (σ_b = k/20), one joint Gaussian",
+    client_level_note="as published: the noised count of unclipped updates (σ_b = quantile.noise_multiplier, "
+                      "default k/20), one joint Gaussian",
     params={"quantile": QuantileParams},
     round_columns=(("next_clip_norm", "float64"), ("clipped_fraction_noisy", "float64"))))

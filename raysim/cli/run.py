@@ -52,11 +52,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def print_run_summary(rows: Sequence[dict[str, Any]], results_dir: str) -> None:
     from raysim.results.rows import epsilon_label
-    # ε with the uploads it does not cover beside it (privacy.allow_uncovered), never a bare number then
-    rows = [{**r, "epsilon_shown": epsilon_label(r.get("epsilon"), r.get("epsilon_exceptions"), "{:.4f}")} for r in rows]
+    # ε with whose it is and the uploads it does not cover beside it (privacy.allow_uncovered)
+    rows = [{**r, "epsilon_shown": epsilon_label(r.get("epsilon"), r.get("epsilon_exceptions"), r.get("epsilon_scope"),
+                                                 "{:.4f}")} for r in rows]
     print_table(rows, RUN_COLUMNS)
     for row in rows:
         if row.get("privacy_unit") == "client" and row.get("clipping") != "none":
-            print(f"{row['run_id']}: client-level ε ({row['adjacency']}) of {row['epsilon_scope']}")
+            print(f"{row['run_id']}: client-level ε ({row['adjacency']}) of {row.get('epsilon_scope_detail') or row['epsilon_scope']}")
     print(f"\nResults (Parquet): {results_dir}/runs, {results_dir}/rounds, {results_dir}/clients, {results_dir}/partitions")
     print(f"  pandas: pd.read_parquet('{results_dir}/rounds')")

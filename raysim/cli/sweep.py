@@ -107,7 +107,8 @@ def print_sweep_summary(sweep: Sweep, rows: dict[str, dict[str, Any] | None], re
     """The table of every run of the sweep; returns how many are not completed."""
     from raysim.results.rows import epsilon_label
     shown = [rows.get(run_id) or {"run_id": run_id, "status": "missing"} for run_id in sweep.run_ids]
-    shown = [{**r, "epsilon_shown": epsilon_label(r.get("epsilon"), r.get("epsilon_exceptions"), "{:.4f}")} for r in shown]
+    shown = [{**r, "epsilon_shown": epsilon_label(r.get("epsilon"), r.get("epsilon_exceptions"), r.get("epsilon_scope"),
+                                                  "{:.4f}")} for r in shown]
     print_table(shown, SWEEP_COLUMNS)
     bad = [(cfg, run_id, rows.get(run_id) or {}) for cfg, run_id in zip(sweep.configs, sweep.run_ids)
            if (rows.get(run_id) or {}).get("status") != "completed"]

@@ -102,6 +102,9 @@ def privacy_statement(tune: Any, table: list[dict[str, Any]], deltas: Mapping[st
     gaps = {label: text for label, text in (uncovered or {}).items() if text}
     caveat = ("" if not gaps else " Uploads outside ε stay outside it, tuning or not: "
               + "; ".join(f"{label}: {text}" for label, text in gaps.items()) + ".")
+    scopes = {r["contestant"]: r["epsilon_scope"] for r in table if r.get("epsilon_scope")}
+    whose = ("" if not scopes else " Whose ε (epsilon_scope): "
+             + "; ".join(f"{label}: {scope}" for label, scope in scopes.items()) + ".")
     opted = sorted({f"{r['contestant']}: {r['epsilon_exceptions']}" for r in table if r.get("epsilon_exceptions")})
     if opted:
         caveat += (f" ε does not cover these uploads, which the config opted in to (privacy.allow_uncovered): "
@@ -111,19 +114,20 @@ def privacy_statement(tune: Any, table: list[dict[str, Any]], deltas: Mapping[st
         return (f"Privacy: ε above is per training run; the tuning's privacy cost is NOT included (the field's common "
                 f"practice). {cands} candidate configurations were trained on the clients' data on "
                 f"{len(tune.tuning_seeds)} tuning seed(s) ({len(search)} training runs), before the "
-                f"{len(tune.final_seeds)} final seeds." + caveat)
+                f"{len(tune.final_seeds)} final seeds." + whose + caveat)
     draws = [r for r in table if r["stage"] == "private"]
     worst: dict[str, float] = {}
     for r in draws:
         if math.isfinite(r["released_epsilon"]):
             worst[r["contestant"]] = max(worst.get(r["contestant"], 0.0), r["released_epsilon"])
-    parts = [f"{label} ε ≤ {eps:.3f} at δ = {deltas[label]:g}" for label, eps in worst.items()]
+    parts = [f"{label} ε ≤ {eps:.3f}" + (f" ({scopes[label]})" if label in scopes else "") + f" at δ = {deltas[label]:g}"
+             for label, eps in worst.items()]
     return (f"Privacy (private tuning, Papernot & Steinke 2022): on each final seed the number of candidates K was "
             f"drawn from {tune.count.describe()} (E[K] = {tune.count.mean:.2f}; {len(draws)} draws over the "
             f"{len(tune.final_seeds)} final seeds), each trained with its own randomness, and only the best by "
             f"validation was released. ε of the released model, tuning included (largest over the final seeds): "
             + "; ".join(parts) + ". It covers the released model only: the draws' validation scores and test "
-            "metrics printed here are not covered." + caveat)
+            "metrics printed here are not covered." + whose + caveat)
 
 
 def private_epsilons(tune: Any, runs: Sequence[Any], rows: Mapping[str, Mapping[str, Any] | None]

@@ -42,7 +42,7 @@ def resolve_clipping(spec: MethodSpec, cfg: Config) -> str:
         if not dp_requested:
             raise ConfigError("privacy.unit=client needs privacy.epsilon (target ε) or privacy.noise_multiplier (σ)")
         spec.validate(cfg, UPDATE_CLIPPING)
-        check_uncovered(spec.uploads(cfg), UPDATE_CLIPPING, cfg.privacy.allow_uncovered)   # fail closed
+        check_uncovered(spec.uploads(cfg), UPDATE_CLIPPING, p.unit, p.allow_uncovered)   # fail closed
         return UPDATE_CLIPPING
     mode = p.clipping
     if mode == "auto":
@@ -58,7 +58,7 @@ def resolve_clipping(spec: MethodSpec, cfg: Config) -> str:
         raise ConfigError(f"method {spec.name!r} with privacy.clipping={mode} needs privacy.epsilon (target ε) "
                           f"or privacy.noise_multiplier (σ)")
     spec.validate(cfg, mode)
-    check_uncovered(spec.uploads(cfg), mode, cfg.privacy.allow_uncovered)   # fail closed (docs/privacy.md)
+    check_uncovered(spec.uploads(cfg), mode, p.unit, p.allow_uncovered)   # fail closed (docs/privacy.md)
     return mode
 
 
@@ -85,13 +85,13 @@ def side_channels(spec: MethodSpec, cfg: Config) -> list[SideChannel]:
 
 def not_covered(spec: MethodSpec, cfg: Config, clipping: str) -> str:
     """Human-readable list of values computed from private data that ε does not cover."""
-    return not_covered_text(spec.uploads(cfg), clipping)
+    return not_covered_text(spec.uploads(cfg), clipping, cfg.privacy.unit)
 
 
 def epsilon_exceptions(spec: MethodSpec, cfg: Config, clipping: str) -> str:
-    """The runs table's ``epsilon_exceptions``: the opt-in keys of the uploads ε does not cover, comma-separated
-    ("" when ε covers every upload)."""
-    return ", ".join(uncovered_keys(spec.uploads(cfg), clipping))
+    """The runs table's ``epsilon_exceptions``: the opt-in keys of the uploads ε does not cover under the run's
+    unit, comma-separated ("" when ε covers every upload)."""
+    return ", ".join(uncovered_keys(spec.uploads(cfg), clipping, cfg.privacy.unit))
 
 
 def channels_event(channels: Sequence[SideChannel], rounds: int) -> StepEvent | None:

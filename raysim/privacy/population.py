@@ -24,8 +24,9 @@ calibrated for the deployment's cohort (q' = k'/N'), and the simulated average c
 average's noise σ'C/k'. The ε reported is then the deployment's, not the simulated federation's.
 
 Adaptive clipping (``dp-fedavg-adaptive``, Andrew et al. 2021): the server also adds N(0, σ_b²) to
-Σ_i (b_i − 1/2) (sensitivity 1/2 under add/remove), σ_b = k/20, and the update noise σ_Δ is chosen so
-that the joint release is one Gaussian of multiplier σ: (σ_Δ⁻² + (2σ_b)⁻²)^(−1/2) = σ.
+Σ_i (b_i − 1/2) (sensitivity 1/2 under add/remove), σ_b = k/20 unless the method gives it (its joint
+upload's ``Release.noise_multiplier``), and the update noise σ_Δ is chosen so that the joint release is
+one Gaussian of multiplier σ: (σ_Δ⁻² + (2σ_b)⁻²)^(−1/2) = σ.
 """
 
 from __future__ import annotations
@@ -46,18 +47,20 @@ from raysim.privacy.accounting import PrivacyLedger, StepEvent, compute_epsilon,
 dp_accounting = LazyModule("dp_accounting")
 rdp_privacy_accountant = LazyModule("dp_accounting.rdp.rdp_privacy_accountant")
 
-__all__ = ["ClientLevelPlan", "client_level_plan", "joint_update_sigma", "privacy_scope", "ADAPTIVE_COUNT_DIVISOR"]
+__all__ = ["ClientLevelPlan", "client_level_plan", "joint_update_sigma", "privacy_scope", "epsilon_scope",
+           "EPSILON_SCOPES", "ADAPTIVE_COUNT_DIVISOR"]
 
-#: σ_b = k / ADAPTIVE_COUNT_DIVISOR (Andrew et al. 2021's choice, k the expected cohort size).
+#: σ_b = k / ADAPTIVE_COUNT_DIVISOR by default (Andrew et al. 2021's choice, k the expected cohort size).
 ADAPTIVE_COUNT_DIVISOR = 20.0
 
 
 def joint_update_sigma(sigma: float, count_noise_multiplier: float) -> float:
     """σ_Δ with (σ_Δ⁻² + σ_c⁻²)^(−1/2) = σ, σ_c the count's noise multiplier (2σ_b for sensitivity 1/2)."""
     if not sigma < count_noise_multiplier:
-        raise ConfigError(f"the adaptive clipping count's noise (multiplier {count_noise_multiplier:.4g}, σ_b = k/20) "
+        raise ConfigError(f"the adaptive clipping count's noise (multiplier 2σ_b = {count_noise_multiplier:.4g}) "
                           f"is below the joint σ = {sigma:.4g} the target ε needs, so it alone would spend more "
-                          f"than ε: raise clients_per_round (or privacy.noise_cohort_size)")
+                          f"than ε: raise σ_b (quantile.noise_multiplier; default k/20) or clients_per_round "
+                          f"(or privacy.noise_cohort_size)")
     return float((sigma ** -2 - count_noise_multiplier ** -2) ** -0.5)
 
 
@@ -192,25 +195,44 @@ ADJACENCY = {
 }
 
 
+#: Whose ε a run's tables and outputs show (``epsilon_scope``, beside every ε): ``per-client`` (the example
+#: unit: each client's own ε; a run's or a round's is the largest), ``population`` (the client unit: the
+#: simulated federation's one ε), ``deployment`` (the client unit with the noise sized for
+#: ``privacy.noise_cohort_size`` of ``privacy.population_size``: that deployment's ε, not the simulated clients').
+EPSILON_SCOPES = ("per-client", "population", "deployment")
+
+
+def epsilon_scope(cfg: Config) -> str:
+    """The ``epsilon_scope`` of ``cfg`` (one of :data:`EPSILON_SCOPES`)."""
+    if cfg.privacy.unit != "client":
+        return "per-client"
+    return "deployment" if cfg.privacy.noise_cohort_size is not None else "population"
+
+
 def privacy_scope(cfg: Config) -> dict[str, str]:
-    """The runs table's ``privacy_unit``, ``adjacency`` and ``epsilon_scope`` of ``cfg`` (what its ε is for)."""
+    """The runs table's ``privacy_unit``, ``adjacency``, ``epsilon_scope`` (:func:`epsilon_scope`) and
+    ``epsilon_scope_detail`` (the scope in words) of ``cfg``: what its ε is for."""
     p = cfg.privacy
+    scope = epsilon_scope(cfg)
     if p.unit == "example":
         return {"privacy_unit": "example", "adjacency": "add/remove one training example of one client",
-                "epsilon_scope": "each client's own ε (the run's is the largest)"}
+                "epsilon_scope": scope, "epsilon_scope_detail": "each client's own ε (the run's is the largest)"}
     sampling = _sampling(cfg)
-    if p.noise_cohort_size is not None:
-        scope = (f"a deployment of {p.noise_cohort_size} clients a round out of {p.population_size} (noise sized "
-                 f"for it), not the simulated federation of {cfg.num_clients}")
+    if scope == "deployment":
+        detail = (f"a deployment of {p.noise_cohort_size} clients a round out of {p.population_size} (noise sized "
+                  f"for it), not the simulated federation of {cfg.num_clients}")
     else:
-        scope = f"the simulated population of {cfg.num_clients} clients"
-    return {"privacy_unit": "client", "adjacency": ADJACENCY[sampling], "epsilon_scope": scope}
+        detail = f"the simulated population of {cfg.num_clients} clients"
+    return {"privacy_unit": "client", "adjacency": ADJACENCY[sampling], "epsilon_scope": scope,
+            "epsilon_scope_detail": detail}
 
 
-def client_level_plan(cfg: Config, schedule: Sequence[float], adaptive_count: bool) -> ClientLevelPlan:
+def client_level_plan(cfg: Config, schedule: Sequence[float], adaptive_count: bool,
+                      count_std: float | None = None) -> ClientLevelPlan:
     """The plan of ``cfg`` (presets resolved): σ given (``privacy.noise_multiplier``) or calibrated to
     ``privacy.epsilon`` over all T rounds, for the simulated federation or the deployment it stands for.
-    ``schedule`` is the method's relative σ per round; ``adaptive_count`` adds adaptive clipping's count."""
+    ``schedule`` is the method's relative σ per round; ``adaptive_count`` adds adaptive clipping's count,
+    with noise std ``count_std`` (σ_b; None: k/20 for the cohort k the noise is sized for)."""
     p = cfg.privacy
     sampling = _sampling(cfg)
     deployment = p.noise_cohort_size is not None
@@ -222,7 +244,12 @@ def client_level_plan(cfg: Config, schedule: Sequence[float], adaptive_count: bo
                           "noise schedule changes it")
     per_pass = rounds_per_pass(cfg) if p.mechanism == "tree" else 0
     schedule = tuple(float(m) for m in schedule)
-    count_std = cohort / ADAPTIVE_COUNT_DIVISOR if adaptive_count else 0.0
+    if not adaptive_count:
+        count_std = 0.0
+    elif count_std is None:
+        count_std = cohort / ADAPTIVE_COUNT_DIVISOR
+    elif not count_std > 0:
+        raise ValueError(f"the joint count's noise std must be > 0, got {count_std}")
 
     def eps(sigma: float) -> float:
         return epsilon_of(p.mechanism, sampling, population, cohort, per_pass, [sigma * m for m in schedule],

@@ -52,28 +52,30 @@ def run_row(cfg: Config, sweep_id: str | None, status: str) -> dict[str, Any]:
 
 
 def round_row(server_round: int, participants: int, test: Any, val: Any, clip_norm: float, epsilon: float,
-              results: Sequence[Any], timings: Mapping[str, float], logs: Mapping[str, Any]) -> dict[str, Any]:
+              scope: str, results: Sequence[Any], timings: Mapping[str, float], logs: Mapping[str, Any]) -> dict[str, Any]:
     """The rounds-table row of one round: its evaluation (``test``, and ``val`` on the public hold-out or
-    None), the clip norm it trained with, the run's ε so far, the timings and the method's round logs."""
+    None), the clip norm it trained with, the run's ε so far and whose it is (``scope``,
+    ``raysim.privacy.population.epsilon_scope``), the timings and the method's round logs."""
     return {
         "round": server_round, "participants": participants, "test_accuracy": test.accuracy, "test_f1": test.f1,
         "test_loss": test.loss, "val_accuracy": val.accuracy if val else math.nan,
-        "val_f1": val.f1 if val else math.nan, "clip_norm": clip_norm, "epsilon": epsilon,
+        "val_f1": val.f1 if val else math.nan, "clip_norm": clip_norm, "epsilon": epsilon, "epsilon_scope": scope,
         "mean_train_loss": float(np.mean([r.train_loss for r in results])) if results else math.nan,
         **timings, **logs,
     }
 
 
 def client_rows(server_round: int, results: Sequence[Any], tasks: Sequence[Any], logs: Sequence[Mapping[str, Any]],
-                clip_norm: float, epsilons: np.ndarray) -> list[dict[str, Any]]:
-    """The clients-table rows of one round: each participant's result, its task's σ, its ε so far, its
-    diagnostics and the method's client logs."""
+                clip_norm: float, epsilons: np.ndarray, scope: str) -> list[dict[str, Any]]:
+    """The clients-table rows of one round: each participant's result, its task's σ, its ε so far and whose
+    it is (``scope``), its diagnostics and the method's client logs."""
     rows = []
     for r, task, extra in zip(results, tasks, logs):
         row = {"round": server_round, "client_id": r.client_id, "num_samples": r.num_samples, "num_steps": r.num_steps,
                "train_loss": r.train_loss, "update_norm": r.update_norm(), "frac_clipped": r.frac_clipped,
                "clip_norm": clip_norm, "noise_multiplier": task.noise_multiplier,
-               "epsilon": float(epsilons[r.client_id]), "client_seconds": r.seconds, **r.diagnostics}
+               "epsilon": float(epsilons[r.client_id]), "epsilon_scope": scope, "client_seconds": r.seconds,
+               **r.diagnostics}
         row.update(extra)
         rows.append(row)
     return rows
@@ -86,13 +88,16 @@ def exceptions_of(value: Any) -> list[str]:
     return [str(k) for k in value] if isinstance(value, (list, tuple)) else []
 
 
-def epsilon_label(epsilon: Any, exceptions: Any, fmt: str = "{:.2f}") -> str:
-    """ε as every report prints it: the number and, when the run opted in to uploads that ε does not cover
-    (``privacy.allow_uncovered``), those uploads beside it: ``8.00 except cra.local_val_f1``."""
+def epsilon_label(epsilon: Any, exceptions: Any, scope: Any, fmt: str = "{:.2f}") -> str:
+    """ε as every report prints it: the number, whose it is (``epsilon_scope``: ``8.00 (deployment)``) and,
+    when the run opted in to uploads that ε does not cover (``privacy.allow_uncovered``), those uploads
+    beside it: ``8.00 (per-client) except cra.local_val_f1``. No DP (ε = ∞) and no ε yet have no scope."""
     try:
         value = float(epsilon)
     except (TypeError, ValueError):
         value = math.nan
     text = "" if math.isnan(value) else "∞" if math.isinf(value) else fmt.format(value)
+    if isinstance(scope, str) and scope and math.isfinite(value):
+        text = f"{text} ({scope})"
     keys = exceptions_of(exceptions)
     return f"{text} except {', '.join(keys)}" if keys else text

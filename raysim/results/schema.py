@@ -27,7 +27,8 @@ RUNS = pa.schema([
     ("epsilon", F64), ("delta", F64), ("noise_multiplier", F64),
     ("privacy_unit", STR),     # what ε protects: example (one example of one client) | client (one whole client)
     ("adjacency", STR),        # the neighbouring relation ε is for (client unit: implied by the cohorts)
-    ("epsilon_scope", STR),    # whose ε it is: each simulated client's, the population's, or a deployment's
+    ("epsilon_scope", STR),    # whose ε it is: per-client | population | deployment (raysim.privacy.population)
+    ("epsilon_scope_detail", STR),   # the same in words (the deployment's and the simulation's sizes)
     ("clipping", STR), ("accountant", STR), ("not_covered_by_epsilon", STR), ("num_params", I64),
     ("epsilon_exceptions", STR),   # the uploads ε does not cover, by their privacy.allow_uncovered keys ("" : none)
     ("wall_seconds", F64), ("code_version", STR), ("hostname", STR),
@@ -44,7 +45,8 @@ ROUNDS_BASE = pa.schema([
     ("run_id", STR), ("round", I64), ("participants", I64),   # clients that trained in the round
     ("test_accuracy", F64), ("test_f1", F64), ("test_loss", F64),
     ("val_accuracy", F64), ("val_f1", F64),   # the public server hold-out (NaN without one, or between evaluations)
-    ("clip_norm", F64), ("epsilon", F64), ("mean_train_loss", F64), ("round_seconds", F64),
+    ("clip_norm", F64), ("epsilon", F64), ("epsilon_scope", STR),   # the runs table's epsilon_scope
+    ("mean_train_loss", F64), ("round_seconds", F64),
     ("client_train_seconds", F64), ("communication_seconds", F64), ("aggregation_seconds", F64),
     ("accounting_seconds", F64), ("eval_seconds", F64),
 ])
@@ -53,7 +55,7 @@ ROUNDS_BASE = pa.schema([
 CLIENTS_BASE = pa.schema([
     ("run_id", STR), ("round", I64), ("client_id", I64), ("num_samples", I64), ("num_steps", I64),
     ("train_loss", F64), ("update_norm", F64), ("frac_clipped", F64), ("clip_norm", F64), ("noise_multiplier", F64),
-    ("epsilon", F64), ("aggregation_weight", F64), ("client_seconds", F64),
+    ("epsilon", F64), ("epsilon_scope", STR), ("aggregation_weight", F64), ("client_seconds", F64),
 ])
 
 PARTITIONS = pa.schema([
@@ -69,6 +71,7 @@ TUNING = pa.schema([
     ("objective_name", STR), ("objective", F64),   # the run's validation objective (server hold-out)
     ("candidate_objective", F64),                  # search: the candidate's mean objective over the tuning seeds
     ("test_accuracy", F64), ("test_f1", F64), ("epsilon", F64),
+    ("epsilon_scope", STR),                        # whose ε it is (the runs table's epsilon_scope)
     ("epsilon_exceptions", STR),                   # the uploads ε does not cover (privacy.allow_uncovered)
     ("released_epsilon", F64),                     # private: ε of the released model, tuning included
     ("reference", STR), ("private", pa.bool_()),   # the tune's reference contestant and mode

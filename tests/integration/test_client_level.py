@@ -50,7 +50,8 @@ def test_method_runs_under_the_client_unit(tmp_path, method):
     row = summary.row
     assert row["status"] == "completed" and row["clipping"] == "update"
     assert row["privacy_unit"] == "client" and row["adjacency"] == "add/remove one client"
-    assert row["epsilon_scope"] == "the simulated population of 60 clients"
+    assert row["epsilon_scope"] == "population"
+    assert row["epsilon_scope_detail"] == "the simulated population of 60 clients"
     assert 7.99 < row["epsilon"] <= 8.0 and row["noise_multiplier"] > 0
     clients = read_table(str(tmp_path), "clients")
     rounds = read_table(str(tmp_path), "rounds")

@@ -136,7 +136,7 @@ def test_no_default_config_uploads_private_data_outside_epsilon(method):
     cfg = resolve_preset(calibrated(method))
     clipping = resolve_clipping(spec, cfg)
     uncovered = [u.name for u in spec.uploads(cfg) if u.release.kind == "not_covered"]
-    assert uncovered == [] and uncovered_keys(spec.uploads(cfg), clipping) == ()
+    assert uncovered == [] and uncovered_keys(spec.uploads(cfg), clipping, cfg.privacy.unit) == ()
     text = not_covered(spec, cfg, clipping)
     if clipping != "none":
         assert "uploaded without noise" not in text and text.startswith("logged by the simulation only, never uploaded")

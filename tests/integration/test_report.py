@@ -109,7 +109,7 @@ def test_summarise_matches_direct_pandas(sweep):
     fedavg_last = last.loc[sweep.fedavg, "test_accuracy"]
     assert s.loc["fedavg", "accuracy_mean"] == pytest.approx(fedavg_last.mean())
     assert s.loc["fedavg", "seeds"] == "0,1" and s.loc["fedavg", "n_configs"] == 1
-    assert s.loc["fedavg", "privacy"] == "no DP" and s.loc["feddimdp", "privacy"] == "ε=8"
+    assert s.loc["fedavg", "privacy"] == "no DP" and s.loc["feddimdp", "privacy"] == "ε=8 (per-client)"
     assert s.loc["feddimdp", "epsilon_mean"] == pytest.approx(8.0, rel=1e-3)
 
 
@@ -183,7 +183,7 @@ def test_report_cli(sweep, tmp_path, capsys):
     # ε/δ of each run and what the accountant does not cover
     assert "logged by the simulation only, never uploaded" in md and "everything (no DP)" in md
     dim_line = next(ln for ln in md.splitlines() if ln.startswith(f"| {sweep.feddimdp} | feddimdp | completed"))
-    assert "| 8 | 1e-05 |" in dim_line
+    assert "| 8 (per-client) | 1e-05 |" in dim_line
     assert "paper (claimed)" in md and "Table II" in md
     # figures: relative paths that exist, in both documents
     images = [ln.split("](")[1].rstrip(")") for ln in md.splitlines() if ln.startswith("![")]

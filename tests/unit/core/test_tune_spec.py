@@ -255,3 +255,8 @@ def test_private_statement_takes_delta_per_contestant_and_says_what_is_not_cover
     text = privacy_statement(tune, table, {"fedsa": 1e-5, "feddimdp": 1e-6}, {})
     assert "fedsa ε ≤ 3.200 at δ = 1e-05" in text and "feddimdp ε ≤ 4.100 at δ = 1e-06" in text
     assert "2 draws over the 3 final seeds" in text and "validation scores and test metrics printed here are not covered" in text
+    # whose ε it is, from the tuning rows' epsilon_scope
+    scoped = [{**r, "epsilon_scope": "deployment" if r["contestant"] == "fedsa" else "per-client"} for r in table]
+    text = privacy_statement(tune, scoped, {"fedsa": 1e-5, "feddimdp": 1e-6}, {})
+    assert "fedsa ε ≤ 3.200 (deployment) at δ = 1e-05" in text and "feddimdp ε ≤ 4.100 (per-client) at δ" in text
+    assert "Whose ε (epsilon_scope): fedsa: deployment; feddimdp: per-client." in text

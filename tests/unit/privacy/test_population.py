@@ -22,8 +22,8 @@ RELATION = dp_accounting.NeighboringRelation
 
 
 def client_cfg(**privacy):
-    rest = {k: privacy.pop(k) for k in ("num_clients", "clients_per_round", "participation", "rounds", "method")
-            if k in privacy}
+    rest = {k: privacy.pop(k) for k in ("num_clients", "clients_per_round", "participation", "rounds", "method",
+                                        "quantile") if k in privacy}
     values = {"method": "fedavg", "num_clients": 1000, "clients_per_round": 50, "participation": "poisson",
               "rounds": 200, **rest,
               "privacy": {"unit": "client", "epsilon": 8.0, "delta": 1e-6, **privacy}}
@@ -112,7 +112,11 @@ def test_noise_sized_for_a_deployment():
     # the simulated average carries the deployment average's noise σ'C/k'
     assert plan.update_noise_std(1, 2.0) == pytest.approx(plan.sigma * 2.0 / 1000)
     assert plan.epsilon(200) <= 8.0
-    assert "deployment of 1000 clients a round out of 1000000" in privacy_scope(cfg)["epsilon_scope"]
+    scope = privacy_scope(cfg)
+    assert scope["epsilon_scope"] == "deployment"
+    assert "deployment of 1000 clients a round out of 1000000" in scope["epsilon_scope_detail"]
+    assert privacy_scope(client_cfg())["epsilon_scope"] == "population"
+    assert privacy_scope(config_from_dict({"method": "fedavg", "privacy": {"epsilon": 8.0}}))["epsilon_scope"] == "per-client"
 
 
 def test_adaptive_clipping_joint_noise():
@@ -126,8 +130,29 @@ def test_adaptive_clipping_joint_noise():
     assert plan.count_noise_std() == pytest.approx(1 / 20)
     plain = client_level_plan(client_cfg(), np.ones(200), adaptive_count=False)
     assert plan.sigma == plain.sigma          # the joint release is accounted as the plain one
-    with pytest.raises(ConfigError, match="raise clients_per_round"):
+    with pytest.raises(ConfigError, match=r"raise σ_b \(quantile.noise_multiplier; default k/20\) or clients_per_round"):
         joint_update_sigma(1.0, 0.5)
+
+
+def test_adaptive_clipping_sigma_b_is_configurable():
+    """quantile.noise_multiplier sets σ_b under the client unit (Andrew et al.'s σ_b): the plan's count noise and
+    σ_Δ follow it, the accounted joint σ does not; 0 is refused in one line."""
+    cfg = client_cfg(method="dp-fedavg-adaptive", quantile={"noise_multiplier": 10.0})
+    from raysim.algorithms.registry import get_method
+    (upload,) = get_method("dp-fedavg-adaptive").uploads(cfg)
+    assert upload.release.kind == "joint" and upload.release.noise_multiplier == 10.0
+    plan = client_level_plan(cfg, np.ones(200), adaptive_count=True, count_std=10.0)
+    default = client_level_plan(client_cfg(method="dp-fedavg-adaptive"), np.ones(200), adaptive_count=True)
+    assert plan.count_std == 10.0 and default.count_std == 2.5 and plan.sigma == default.sigma
+    assert (plan.update_sigma ** -2 + 20.0 ** -2) ** -0.5 == pytest.approx(plan.sigma, rel=1e-12)
+    assert plan.sigma < plan.update_sigma < default.update_sigma     # more noise on the count, less on the update
+    assert plan.count_noise_std() == pytest.approx(10.0 / 50)
+    (unset,) = get_method("dp-fedavg-adaptive").uploads(client_cfg(method="dp-fedavg-adaptive"))
+    assert unset.release.noise_multiplier == 0.0                     # the plan's k/20
+    with pytest.raises(ConfigError, match="quantile.noise_multiplier.*must be > 0 under privacy.unit=client"):
+        client_cfg(method="dp-fedavg-adaptive", quantile={"noise_multiplier": 0.0})
+    with pytest.raises(ConfigError, match="quantile.norm_source.*record-level variant's key"):
+        client_cfg(method="dp-fedavg-adaptive", quantile={"norm_source": "update"})
 
 
 def test_adaptive_count_noise_on_the_server(monkeypatch):
