@@ -45,6 +45,8 @@ test-slow: install-dev
 # `make bench DATA_ROOT=/path/to/data` runs the cross-device benchmark on CIFAR-10 instead.
 bench: install-dev
 	$(BIN)/python experiments/bench/cross_device.py $(if $(DATA_ROOT),--data-root $(DATA_ROOT),--dataset digits)
+	$(BIN)/python experiments/bench/cross_device.py --config experiments/paper/shakespeare.yaml --dataset shakespeare \
+		--variants nodp,client --timed-rounds 3 --no-first-round --set data.max_samples_per_user=128 --set data.val_fraction=0
 	$(BIN)/python experiments/bench/dp_step.py
 	$(BIN)/python experiments/bench/dp_step.py --profile
 	$(BIN)/python experiments/bench/stacked_clients.py

@@ -124,6 +124,18 @@ def test_cross_device():
 
 
 @pytest.mark.cluster
+def test_cross_device_on_the_shakespeare_federation():
+    out = json.loads(_run("cross_device.py", "--config", str(REPO / "experiments" / "paper" / "shakespeare.yaml"),
+                          "--dataset", "shakespeare", "--variants", "nodp,client", "--timed-rounds", "1",
+                          "--no-first-round", "--set", "num_clients=4", "--set", "clients_per_round=2",
+                          "--set", "data.min_samples_per_client=1", "--set", "data.max_samples_per_user=10",
+                          "--set", "data.test_subsample=20", "--json"))
+    assert out["floor"]["clients"] == 2 and out["floor"]["samples"] <= 18 and "channels_last" not in out["floor"]
+    assert set(out["variants"]) == {"nodp", "client"}
+    assert all(row["ray"]["round_s"] > 0 for row in out["variants"].values())
+
+
+@pytest.mark.cluster
 def test_cross_device_startup_trace():
     out = json.loads(_run("cross_device.py", "--dataset", "digits", "--trace-startup", "--variants", "nodp", "--set",
                           "num_clients=4", "--set", "clients_per_round=2", "--set", "data.test_subsample=100", "--json"))

@@ -1,0 +1,99 @@
+"""The natural-federation presets end to end, at a tiny size: both privacy units, resume, report, tune,
+and FEMNIST on LEAF-format files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from raysim.cli import main
+from raysim.config import config_from_dict, read_yaml
+from raysim.results import read_table
+from raysim.runtime import execute
+from tests.conftest import REPO
+
+SHAKESPEARE = str(REPO / "experiments" / "paper" / "shakespeare.yaml")
+FEMNIST = str(REPO / "experiments" / "paper" / "femnist.yaml")
+#: A federation small enough for a test: 4 roles of at most 12 windows, 2 a round, 2 rounds.
+TINY = ["num_clients=4", "clients_per_round=2", "rounds=2", "eval_every=1", "data.max_samples_per_user=12",
+        "data.test_subsample=40", "runtime.executor=serial"]
+
+
+def _sets(*values: str) -> list[str]:
+    return [a for v in values for a in ("--set", v)]
+
+
+@pytest.mark.parametrize("unit", ["example", "client"])
+def test_shakespeare_preset_runs_in_both_units_and_reports(unit, tmp_path, capsys):
+    results = tmp_path / "r"
+    extra = ["privacy.unit=client", "participation=poisson"] if unit == "client" else []
+    assert main(["run", SHAKESPEARE, "--results-dir", str(results), *_sets(*TINY, *extra)]) == 0
+    runs = read_table(str(results), "runs")
+    assert runs["status"].tolist() == ["completed"] and runs["privacy_unit"].item() == unit
+    assert runs["epsilon"].item() == pytest.approx(8.0, abs=1e-3)
+    parts = read_table(str(results), "partitions")
+    users = parts.groupby("client_id")["user"].unique()
+    assert len(users) == 4 and all(len(u) == 1 and u[0] for u in users)       # one named user per client
+    rounds = read_table(str(results), "rounds")
+    assert rounds["test_accuracy"].between(0, 1).all() and len(rounds) == 2
+    capsys.readouterr()
+    assert main(["report", str(results)]) == 0
+    assert "shakespeare" in (results / "report" / "report.md").read_text()
+
+
+def test_shakespeare_run_resumes_bit_for_bit(tmp_path):
+    values = read_yaml(SHAKESPEARE)
+    values.update(num_clients=4, clients_per_round=2, rounds=3, eval_every=1)
+    values["data"].update(max_samples_per_user=12, test_subsample=40)
+    values["runtime"] = {"executor": "serial"}
+    cfg = config_from_dict(values)
+    execute(cfg, str(tmp_path / "whole"))
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_2(rec):
+        if rec.server_round == 2:
+            raise Stop
+    with pytest.raises(Stop):
+        execute(cfg, str(tmp_path / "cut"), on_round=stop_after_2)
+    execute(cfg, str(tmp_path / "cut"))
+    for table, keys in (("rounds", ["round"]), ("clients", ["round", "client_id"])):
+        a, b = (read_table(str(tmp_path / f), table).sort_values(keys).reset_index(drop=True) for f in ("whole", "cut"))
+        timing = [c for c in a.columns if c.endswith("seconds")]
+        pd.testing.assert_frame_equal(a.drop(columns=timing), b.drop(columns=timing))
+
+
+def test_shakespeare_tune(tmp_path, capsys):
+    spec = tmp_path / "tune.yaml"
+    spec.write_text(json.dumps({
+        "name": "tune-shakespeare", "base": SHAKESPEARE,
+        "set": {"num_clients": 4, "clients_per_round": 2, "rounds": 1, "data.max_samples_per_user": 12,
+                "data.test_subsample": 40, "data.server_holdout": 20, "runtime.executor": "serial"},
+        "methods": ["fedavg"], "space": {"lr": [0.4, 0.8]}, "tuning_seeds": [100], "final_seeds": [0],
+        "objective": "accuracy", "reference": "fedavg"}))
+    assert main(["tune", str(spec), "--results-dir", str(tmp_path / "r")]) == 0
+    tuning = read_table(str(tmp_path / "r"), "tuning")
+    assert set(tuning["stage"]) >= {"search", "final"} and (tuning["status"] == "completed").all()
+
+
+def test_femnist_preset_on_leaf_files(tmp_path):
+    rng = np.random.default_rng(0)
+    users = {f"f{k:04d}_{k:02d}": 24 for k in range(5)}
+    data = {"users": list(users), "num_samples": list(users.values()), "user_data": {
+        u: {"x": rng.random((n, 784)).round(3).tolist(), "y": rng.integers(0, 62, n).tolist()}
+        for u, n in users.items()}}
+    folder = tmp_path / "data" / "femnist" / "all_data"
+    folder.mkdir(parents=True)
+    (folder / "all_data_0.json").write_text(json.dumps(data))
+    results = tmp_path / "r"
+    assert main(["run", FEMNIST, "--results-dir", str(results), "--data-root", str(tmp_path / "data"),
+                 "--set", "data.cache_dir=" + str(tmp_path / "cache"),
+                 *_sets("num_clients=4", "clients_per_round=2", "rounds=1", "data.min_samples_per_client=10",
+                        "runtime.executor=serial")]) == 0
+    runs = read_table(str(results), "runs")
+    assert runs["status"].item() == "completed" and runs["dataset"].item() == "femnist"
+    assert set(read_table(str(results), "partitions")["user"]) <= set(users)
