@@ -41,11 +41,13 @@ class LSTMLayer(nn.Module):
         self.hh = nn.Linear(hidden, 4 * hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        pre = self.ih(x)                     # the input projection of every step, one call
+        # The input projection of every step in one call, split with unbind: its backward is one stack,
+        # where indexing pre[:, t] would backpropagate a zero-filled (B, T, 4H) tensor at every step.
+        pre = self.ih(x).unbind(1)
         h = c = None
         states = []
-        for t in range(x.shape[1]):
-            gates = pre[:, t] if h is None else pre[:, t] + self.hh(h)
+        for step in pre:
+            gates = step if h is None else step + self.hh(h)
             i, f, g, o = gates.chunk(4, dim=1)
             i, f, o, g = torch.sigmoid(i), torch.sigmoid(f), torch.sigmoid(o), torch.tanh(g)
             c = i * g if c is None else f * c + i * g
