@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     init = _backbone(args)
     engines = [e for e in ENGINES if e[0] == "plain" or e[0] in args.engines]
     rows = [{"engine": name, "key": key, "model": args.model, "lldm": args.lldm, "threads": torch.get_num_threads(),
-             "batch_size": args.batch_size, "samples_per_s": None, "mean_samples_per_s": None,
+             "batch_size": args.batch_size, "samples_per_s": None, "mean_samples_per_s": None, "median_step_ms": None,
              "malloc_tuning": tuned, "minor_faults_per_step": None, "ratio_to_plain": None, "error": None}
             for key, name, _ in engines]
     steps: dict[int, Step] = {}
@@ -218,6 +218,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                 faults[k] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faulted
     for k in steps:
         rows[k]["samples_per_s"] = args.batch_size / statistics.median(times[k])
+        rows[k]["median_step_ms"] = statistics.median(times[k]) * 1e3
         rows[k]["mean_samples_per_s"] = args.batch_size * len(times[k]) / sum(times[k])
         rows[k]["minor_faults_per_step"] = faults[k] / len(times[k])
     plain = rows[0]["samples_per_s"]
@@ -228,13 +229,14 @@ def run(args: argparse.Namespace) -> list[dict]:
 
 
 def _markdown(rows: list[dict]) -> str:
-    lines = ["| engine | samples/s | ratio to plain SGD | minor page faults / step |", "|---|---|---|---|"]
+    lines = ["| engine | samples/s | median step (ms) | ratio to plain SGD | minor page faults / step |",
+             "|---|---|---|---|---|"]
     for r in rows:
         if r["error"]:
-            lines.append(f"| {r['engine']} | {r['error']} | | |")
+            lines.append(f"| {r['engine']} | {r['error']} | | | |")
         else:
-            lines.append(f"| {r['engine']} | {r['samples_per_s']:.1f} | {r['ratio_to_plain']:.2f} | "
-                         f"{r['minor_faults_per_step']:.0f} |")
+            lines.append(f"| {r['engine']} | {r['samples_per_s']:.1f} | {r['median_step_ms']:.1f} | "
+                         f"{r['ratio_to_plain']:.2f} | {r['minor_faults_per_step']:.0f} |")
     return "\n".join(lines)
 
 
