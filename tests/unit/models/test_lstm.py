@@ -15,6 +15,16 @@ from raysim.models import build_backbone, count_parameters, init_parameters, mod
 from raysim.models.lstm import FORGET_BIAS, CharLSTM
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One torch thread, as raysim trains (``runtime.torch_threads``): a step of the LSTM is thousands of
+    tiny operations, each of which a second thread on a busy machine only delays."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _init(model: nn.Module, seed: int = 0) -> nn.Module:
     init_parameters(model, torch.Generator().manual_seed(seed))
     return model
