@@ -1,10 +1,13 @@
 """Throughput of one DP training step, per gradient engine, against plain SGD in the same run.
 
     python experiments/bench/dp_step.py [--json] [--steps N] [--batch-size 64] [--threads T] [--lldm]
-        [--model cnn|resnet18_gn|wrn16_4] [--engines plain,bk,...] [--no-malloc-tuning] [--profile]
+        [--model cnn|resnet18_gn|wrn16_4|leaf_cnn|char_lstm] [--engines plain,bk,...] [--no-malloc-tuning]
+        [--profile]
 
 Each engine trains its own copy of the same initial model on the same seeded random batches
-(3x32x32, 10 classes): warm-up steps first, then timed steps, the engines taking turns step by
+(3x32x32 images of 10 classes; for ``leaf_cnn`` 1x28x28 of 62 classes, FEMNIST's shape; for
+``char_lstm`` windows of 80 token ids over a vocabulary of 80 labelled with one of them, the shape
+of LEAF's Shakespeare task): warm-up steps first, then timed steps, the engines taking turns step by
 step in a seeded random order that changes every round; samples/s = B / median step time (the
 JSON also has B / mean step time). Minor page faults per step are the process's, counted around
 each timed step.
@@ -57,6 +60,30 @@ from raysim.rng import torch_generator  # noqa: E402
 
 CLIP_NORM, NOISE_MULTIPLIER, LR = 1.0, 1.0, 0.01
 
+#: The inputs each model is timed on: ("images", (C, H, W), classes) or ("tokens", (T,), vocabulary).
+INPUTS = {"leaf_cnn": ("images", (1, 28, 28), 62), "char_lstm": ("tokens", (80,), 80)}
+DEFAULT_INPUT = ("images", (3, 32, 32), 10)
+
+
+def _inputs(model: str) -> tuple[str, tuple[int, ...], int]:
+    return INPUTS.get(model, DEFAULT_INPUT)
+
+
+def _batches(args: argparse.Namespace) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Four seeded random batches of the model's inputs (:data:`INPUTS`)."""
+    kind, shape, classes = _inputs(args.model)
+    gen = torch_generator(args.seed, "bench_data")
+    if kind == "tokens":
+        return [(torch.randint(0, classes, (args.batch_size, *shape), generator=gen),
+                 torch.randint(0, classes, (args.batch_size,), generator=gen)) for _ in range(4)]
+    return [(torch.randn(args.batch_size, *shape, generator=gen),
+             torch.randint(0, classes, (args.batch_size,), generator=gen)) for _ in range(4)]
+
+
+def _backbone(args: argparse.Namespace) -> nn.Module:
+    _, shape, classes = _inputs(args.model)
+    return build_backbone(args.model, shape[0], shape[-1], classes, lldm=args.lldm)
+
 #: The clock every step and phase is timed with: wall time, or with ``--cpu-time`` this process's CPU
 #: time, which a shared machine's load leaves nearly alone at 1 thread (at 2 threads it also counts
 #: the threads' spin-waits).
@@ -96,8 +123,10 @@ def _opacus(grad_sample_mode: str) -> Callable[[nn.Module, argparse.Namespace], 
     def factory(model: nn.Module, args) -> Step:
         from opacus import PrivacyEngine
 
-        data = torch.utils.data.TensorDataset(torch.zeros(args.batch_size * 4, 3, 32, 32),
-                                              torch.zeros(args.batch_size * 4, dtype=torch.long))
+        kind, shape, _ = _inputs(args.model)
+        data = torch.utils.data.TensorDataset(
+            torch.zeros(args.batch_size * 4, *shape, dtype=torch.long if kind == "tokens" else torch.float32),
+            torch.zeros(args.batch_size * 4, dtype=torch.long))
         loader = torch.utils.data.DataLoader(data, batch_size=args.batch_size)
         opt = torch.optim.SGD(model.parameters(), lr=LR)
         engine = PrivacyEngine(accountant="rdp")
@@ -150,13 +179,11 @@ def run(args: argparse.Namespace) -> list[dict]:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     tuned = tune_malloc() if args.malloc_tuning else False
-    gen = torch_generator(args.seed, "bench_data")
-    batches = [(torch.randn(args.batch_size, 3, 32, 32, generator=gen),
-                torch.randint(0, 10, (args.batch_size,), generator=gen)) for _ in range(4)]
-    init = build_backbone(args.model, 3, 32, 10, lldm=args.lldm)
+    batches = _batches(args)
+    init = _backbone(args)
     engines = [e for e in ENGINES if e[0] == "plain" or e[0] in args.engines]
     rows = [{"engine": name, "key": key, "model": args.model, "lldm": args.lldm, "threads": torch.get_num_threads(),
-             "batch_size": args.batch_size, "samples_per_s": None, "mean_samples_per_s": None,
+             "batch_size": args.batch_size, "samples_per_s": None, "mean_samples_per_s": None, "median_step_ms": None,
              "malloc_tuning": tuned, "minor_faults_per_step": None, "ratio_to_plain": None, "error": None}
             for key, name, _ in engines]
     steps: dict[int, Step] = {}
@@ -191,6 +218,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                 faults[k] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faulted
     for k in steps:
         rows[k]["samples_per_s"] = args.batch_size / statistics.median(times[k])
+        rows[k]["median_step_ms"] = statistics.median(times[k]) * 1e3
         rows[k]["mean_samples_per_s"] = args.batch_size * len(times[k]) / sum(times[k])
         rows[k]["minor_faults_per_step"] = faults[k] / len(times[k])
     plain = rows[0]["samples_per_s"]
@@ -201,13 +229,14 @@ def run(args: argparse.Namespace) -> list[dict]:
 
 
 def _markdown(rows: list[dict]) -> str:
-    lines = ["| engine | samples/s | ratio to plain SGD | minor page faults / step |", "|---|---|---|---|"]
+    lines = ["| engine | samples/s | median step (ms) | ratio to plain SGD | minor page faults / step |",
+             "|---|---|---|---|---|"]
     for r in rows:
         if r["error"]:
-            lines.append(f"| {r['engine']} | {r['error']} | | |")
+            lines.append(f"| {r['engine']} | {r['error']} | | | |")
         else:
-            lines.append(f"| {r['engine']} | {r['samples_per_s']:.1f} | {r['ratio_to_plain']:.2f} | "
-                         f"{r['minor_faults_per_step']:.0f} |")
+            lines.append(f"| {r['engine']} | {r['samples_per_s']:.1f} | {r['median_step_ms']:.1f} | "
+                         f"{r['ratio_to_plain']:.2f} | {r['minor_faults_per_step']:.0f} |")
     return "\n".join(lines)
 
 
@@ -218,10 +247,8 @@ def profile(args: argparse.Namespace) -> list[dict]:
         torch.set_num_threads(args.threads)
     if args.malloc_tuning:
         tune_malloc()
-    gen = torch_generator(args.seed, "bench_data")
-    batches = [(torch.randn(args.batch_size, 3, 32, 32, generator=gen),
-                torch.randint(0, 10, (args.batch_size,), generator=gen)) for _ in range(4)]
-    model = build_backbone(args.model, 3, 32, 10, lldm=args.lldm)
+    batches = _batches(args)
+    model = _backbone(args)
     plain = copy.deepcopy(model).to(memory_format=torch.channels_last)
     opt, plain_opt = torch.optim.SGD(model.parameters(), lr=LR), torch.optim.SGD(plain.parameters(), lr=LR)
     engine = make_engine("bk")
@@ -257,7 +284,7 @@ def profile(args: argparse.Namespace) -> list[dict]:
 
         start = clock["t"] = CLOCK[0]()
         plain_opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(plain(x.contiguous(memory_format=torch.channels_last)), y)
+        loss = F.cross_entropy(plain(x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x), y)
         lap("plain SGD, channels-last: forward")
         loss.backward()
         lap("plain SGD, channels-last: backward, weight gradients included")
@@ -310,7 +337,10 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(rows, indent=2))
     else:
         model = "paper CNN" if args.model == "cnn" else args.model
-        print(f"{model}{' + LLDM' if args.lldm else ''}, 3x32x32 inputs, batch {args.batch_size}, {args.steps} timed steps "
+        kind, shape, classes = _inputs(args.model)
+        inputs = (f"windows of {shape[0]} tokens, vocabulary {classes}" if kind == "tokens"
+                  else f"{'x'.join(map(str, shape))} inputs, {classes} classes")
+        print(f"{model}{' + LLDM' if args.lldm else ''}, {inputs}, batch {args.batch_size}, {args.steps} timed steps "
               f"after {args.warmup} warm-up, {torch.get_num_threads()} threads, "
               f"malloc tuning {'on' if rows[0]['malloc_tuning'] else 'off'}, B / median step time\n")
         print(_markdown(rows))

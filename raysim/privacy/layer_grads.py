@@ -13,9 +13,10 @@ result, down to the last bit, does not depend on the machine's load):
   inputs, G_i its T × D_out output gradients) costs about ``B·T²·(D_in + D_out)`` multiply-adds,
   the explicit ``G_i`` ``B·T·D_in·D_out``; the cheaper is taken (mixed ghost clipping, Bu et al.
   2022, with the cost model of both contractions rather than memory alone). A Linear's calls are
-  gathered into one (B, T, D) block of rows, so either way is one batched matmul, and its clipped
-  sum is one ``mm`` of the pre-scaled output-gradient rows with the input rows (B·T rows), what plain
-  backprop computes. On the ghost path a conv's clipped sum is one ordinary weight-gradient
+  gathered into one (B, T, D) block of rows, so either way is one batched matmul (an explicit
+  ``G_i`` held transposed, D_in × D_out, when D_out > D_in: the faster orientation), and its clipped
+  sum on the ghost path is one ``mm`` of the pre-scaled output-gradient rows with the input rows
+  (B·T rows), what plain backprop computes. On the ghost path a conv's clipped sum is one ordinary weight-gradient
   call with the output gradients pre-scaled by the clip factors. An explicit conv ``G_i`` is, for
   few input channels, held transposed, ``G_iᵀ`` (D_in × D_out): a batched matmul of the input's
   patches (a strided view of the padded NCHW input, copied 2 MB of the batch at a time) with the
@@ -234,6 +235,7 @@ class LayerStats:
         # parameter name → per-example grads (B, ...) as consecutive chunks of the batch
         self.per_example: dict[str, list[torch.Tensor]] = {}
         # per_example["weight"] holds each example's (D_in, D_out) transpose of the weight's (D_out, D_in)
+        # (a conv's from the patch matmul, a Linear's with more outputs than inputs)
         self.weight_transposed = False
         self.sq_norm = torch.zeros(batch, dtype=dtype, device=device)
         if not records:
@@ -297,6 +299,12 @@ class LayerStats:
                 gg = torch.bmm(g_rows, g_rows.transpose(1, 2))
                 self.sq_norm = self.sq_norm + (aa * gg).sum(dim=(1, 2))
                 self.a, self.g = a_rows, g_rows
+            elif d_out > d_in:
+                # Held transposed, (B, D_in, D_out): a batched matmul whose result rows are the longer
+                # dimension is several times faster (measured 0.5 against 12 ms for 8 → 1024 over 80
+                # positions at batch 10, 1 thread).
+                self.per_example["weight"] = [torch.bmm(a_rows.transpose(1, 2), g_rows)]
+                self.weight_transposed = True
             else:
                 self.per_example["weight"] = [torch.bmm(g_rows.transpose(1, 2), a_rows)]
         elif ghost:

@@ -36,6 +36,9 @@ def test_dp_step_compares_engines_and_profiles_the_real_engine():
     assert {"noise", "forward", "backward", "clip factors", "optimiser step", "TOTAL DP step"} <= phases
     assert any(p.startswith("norms ") for p in phases) and any(p.startswith("clipped sum ") for p in phases)
     assert {"plain SGD, channels-last: forward", "TOTAL plain SGD step, channels-last"} <= phases
+    rows = json.loads(_run("dp_step.py", "--json", "--steps", "1", "--warmup", "0", "--batch-size", "2",
+                           "--threads", "1", "--engines", "plain,bk", "--model", "char_lstm"))
+    assert [r["key"] for r in rows] == ["plain", "bk"] and all(r["median_step_ms"] > 0 for r in rows)
 
 
 def test_stacked_clients_trains_the_same_weights():

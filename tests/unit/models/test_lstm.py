@@ -15,6 +15,16 @@ from raysim.models import build_backbone, count_parameters, init_parameters, mod
 from raysim.models.lstm import FORGET_BIAS, CharLSTM
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One torch thread, as raysim trains (``runtime.torch_threads``): a step of the LSTM is thousands of
+    tiny operations, each of which a second thread on a busy machine only delays."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _init(model: nn.Module, seed: int = 0) -> nn.Module:
     init_parameters(model, torch.Generator().manual_seed(seed))
     return model
@@ -27,10 +37,10 @@ def test_char_lstm_shapes_and_size():
     assert [layer.hh.in_features for layer in model.lstm] == [256, 256] and model.head.out_features == 80
     # embedding 80·8, layer 1 4·256·(8 + 256) + 1024, layer 2 4·256·(256 + 256) + 1024, head 256·80 + 80
     assert count_parameters(model) == 640 + 271_360 + 525_312 + 20_560 == 817_872
-    tokens = torch.randint(0, 80, (10, 80))
+    tokens = torch.randint(0, 80, (3, 80))
     with torch.no_grad():
-        assert model(tokens).shape == (10, 80)
-        assert model(tokens[:, :5]).shape == (10, 80)     # any window length
+        assert model(tokens).shape == (3, 80)
+        assert model(tokens[:, :5]).shape == (3, 80)      # any window length
     with pytest.raises(ValueError, match="integer token ids"):
         model(torch.randn(2, 80))
 

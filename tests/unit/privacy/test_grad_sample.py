@@ -213,6 +213,17 @@ def test_bk_matches_naive_loop_per_layer(kind):
     assert res.num_clipped == clipped
 
 
+@pytest.fixture
+def one_thread():
+    """One torch thread, as raysim trains (``runtime.torch_threads``): a step of the LSTM is thousands of
+    tiny operations, each of which a second thread on a busy machine only delays."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.usefixtures("one_thread")
 def test_char_lstm_at_its_real_sizes_matches_naive_loop():
     """Model ``char_lstm`` as built for LEAF's Shakespeare (80 characters, 80-character windows): its
     embedding scatter, explicit first input projection, ghost-norm recurrent Linears over 79 calls."""
