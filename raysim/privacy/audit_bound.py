@@ -214,7 +214,9 @@ def _delta_one_way(mu1: float, std1: float, mu2: float, std2: float, epsilon: fl
         region = [(-math.inf, lo), (hi, math.inf)] if a > 0 else [(lo, hi)]
     p = sum(_mass(x, y, mu1, std1) for x, y in region)
     q = sum(_mass(x, y, mu2, std2) for x, y in region)
-    return max(0.0, p - math.exp(epsilon) * q)
+    if q == 0.0:
+        return p
+    return max(0.0, p - math.exp(min(epsilon + math.log(q), 700.0)))
 
 
 def epsilon_two_gaussians(mu1: float, std1: float, mu2: float, std2: float, delta: float) -> float:
