@@ -8,17 +8,19 @@ any other, trained by the same :meth:`raysim.client.ClientRunner.train` (the one
 its local training returns u_j instead of running SGD). Everything after local training is the real
 clients' code: the update formed, clipped and uploaded by the runner, summed with the others by the
 server and noised there. A canary is inserted (a member) with probability 1/2; a member joins each
-round's cohort independently with the run's sampling rate q = k/N, at a random position among that
-round's clients (so a bug that depends on the order in which clients train reaches canaries as often
-as the real clients they stand among).
+round's cohort independently with the simulated clients' rate q = k/N (under ``privacy.mechanism=tree``,
+once in every pass over the population, in a round of the pass drawn for it, as the shuffled passes
+take every real client once), at a random position among that round's clients (so a bug that depends
+on the order in which clients train reaches canaries as often as the real clients they stand among).
 
 The auditor sees every round's release, as the accounting assumes. From the members' and the
 non-members' canaries (:mod:`raysim.privacy.audit_bound`):
 
 * two 95 %-confidence lower bounds, Steinke, Nasr & Jagielski's and Mahloujifar et al.'s f-DP bound,
   from one-sided guesses on each canary's score, the largest cosine over the rounds of the round's
-  model change w_t − w_{t−1} with u_j, with the threshold chosen on the scores (Bonferroni over the
-  thresholds); each with its ceiling (the bound of perfectly separated scores at this canary count);
+  model change w_t − w_{t−1} with u_j (under the tree also of each prefix of the pass, w_t − w_pass),
+  with the threshold chosen on the scores (Bonferroni over the thresholds); each with its ceiling (the
+  bound of perfectly separated scores at this canary count);
 * Andrew et al.'s one-shot estimate, from the cosine of the final model change w_T − w_0 with u_j: the
   members' and the non-members' cosines fitted by Gaussians of their own means and standard
   deviations, and the ε at δ of telling the two apart (an estimate, not a bound).
@@ -127,9 +129,6 @@ def run_client_audit(cfg: Config, executor: Executor, canaries: int = 1000,
     cfg = resolve_preset(cfg)
     if cfg.privacy.unit != "client":
         raise ClientAuditError("the canary-client audit is for privacy.unit=client")
-    if cfg.privacy.mechanism != "gaussian":
-        raise ClientAuditError("the canary-client audit samples canaries like Poisson cohorts; "
-                               "privacy.mechanism=tree (a shuffled pass) is not audited")
     spec = get_method(cfg.method)
     kinds = {u.release.kind for u in spec.uploads(cfg)} - {"joint", "diagnostic"}
     if kinds:
@@ -151,7 +150,12 @@ def run_client_audit(cfg: Config, executor: Executor, canaries: int = 1000,
     inserted = [0]
 
     def round_order(server_round: int, participants: list[int]) -> list[int]:
-        chosen = member_ids[np_generator(cfg.seed, "audit-canary-cohort", server_round).random(len(member_ids)) < q]
+        if plan.mechanism == "tree":   # once a pass, in the round of the pass its own shuffle gives it
+            pass_index, slot = divmod(server_round - 1, plan.per_pass)
+            slots = np_generator(cfg.seed, "audit-canary-pass", pass_index).integers(0, plan.per_pass, len(member_ids))
+            chosen = member_ids[slots == slot]
+        else:
+            chosen = member_ids[np_generator(cfg.seed, "audit-canary-cohort", server_round).random(len(member_ids)) < q]
         inserted[0] += len(chosen)
         everyone = np.array(list(participants) + [n + int(j) for j in chosen], dtype=np.int64)
         return [int(c) for c in np_generator(cfg.seed, "audit-canary-order", server_round).permutation(everyone)]
@@ -165,16 +169,21 @@ def run_client_audit(cfg: Config, executor: Executor, canaries: int = 1000,
     runner.fixed_updates = canary_update
     changes = []
     try:
-        before = sim.weights.clone()
-        for _record in sim.run():
+        before = anchor = sim.weights.clone()
+        for record in sim.run():
             changes.append((sim.weights - before).double())
+            if plan.mechanism == "tree":   # the pass's prefix sum so far, as released
+                if (record.server_round - 1) % plan.per_pass == 0:
+                    anchor = before
+                if (record.server_round - 1) % plan.per_pass > 0:
+                    changes.append((sim.weights - anchor).double())
             before = sim.weights.clone()
     except TrainingDiverged as err:
         raise ClientAuditError(f"the audited training diverged ({err}), so no canary can be scored; audit at a "
                                f"smaller lr or clip norm") from None
     finally:
         sim.executor.shutdown()
-    moved = torch.stack(changes)                                   # (T, d): every round's release
+    moved = torch.stack(changes)                                   # every release the auditor scores
     if not bool(torch.isfinite(moved).all()):
         raise ClientAuditError("the audited training diverged (non-finite weights), so no canary can be scored")
     total = moved.sum(dim=0)

@@ -71,6 +71,11 @@ def cmd_audit(args: argparse.Namespace) -> int:
           f"{r.epsilon_accounted:.3f} at δ = {r.delta:g}; {r.correct}/{r.guesses} guesses right over {r.canaries} "
           f"canaries; ceiling {r.epsilon_ceiling:.3f} (the ε_lb of every guess right: a claim above it cannot be "
           f"refuted by this audit)")
+    print(f"  with the threshold chosen on the scores (one-sided guesses, Bonferroni over the thresholds): "
+          f"ε_lb = {r.threshold_steinke:.3f} (Steinke et al.) and {r.threshold_fdp:.3f} (f-DP), ceilings "
+          f"{r.threshold_ceiling_steinke:.3f} and {r.threshold_ceiling_fdp:.3f}"
+          + ("" if r.threshold_ceiling_fdp > r.epsilon_accounted else
+             f"; this audit cannot refute ε = {r.epsilon_accounted:.3f}: add canaries"))
     if caveat:
         print(f"caveat ({cfg.method}): {caveat}")
     for p in r.per_layer:
