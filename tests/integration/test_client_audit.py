@@ -83,6 +83,22 @@ def test_one_client_a_round_skipping_the_clip_is_caught_and_its_clean_run_is_not
     assert result.refutes and result.epsilon_lower_bound_fdp > CLAIM
 
 
+#: DP-FTRL's tree over shuffled passes: 4 rounds a pass, 2 passes (C small: σ ≈ 9.9 on the average of 50).
+TREE = {**AUDIT, "rounds": 8, "participation": "shuffle",
+        "privacy": {**AUDIT["privacy"], "mechanism": "tree", "accountant": "rdp", "clip_norm": 0.01}}
+
+
+@pytest.mark.cluster   # two 8-round audits
+def test_tree_audit_follows_the_passes_and_catches_unclipped_updates():
+    clean = _audit(TREE)
+    assert clean.epsilon_audited == pytest.approx(CLAIM, abs=1e-3) and not clean.refutes
+    per_pass = 200 // 50
+    assert clean.insertions == 2 * clean.members     # every member once in each of the 2 passes
+    assert TREE["rounds"] == 2 * per_pass
+    with mock.patch.object(clipping, "clip_update", _unclipped):
+        assert _audit(TREE).refutes
+
+
 def test_deployment_sized_audit_compares_against_the_simulated_clients_own_epsilon(capsys, tmp_path):
     values = {**AUDIT, "rounds": 2, "privacy": {**AUDIT["privacy"], "noise_cohort_size": 1000,
                                                 "population_size": 100_000}}
