@@ -16,7 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--canaries", type=int, default=None, metavar="M",
                    help="privacy.unit=example: gradient canaries spread over every parametrised layer (default "
                         "10000); privacy.unit=client: canary clients (default 1000)")
-    p.add_argument("--guess-fraction", type=float, default=0.1, metavar="F",
+    p.add_argument("--guess-fraction", type=float, default=None, metavar="F",
                    help="privacy.unit=example: guess the top and the bottom F of the canaries' scores (default 0.1; "
                         "in (0, 0.5]); the client unit chooses its threshold on the scores")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -25,6 +25,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _client_audit(cfg, args: argparse.Namespace) -> int:
     """``privacy.unit=client``: canary clients (``raysim.audit_clients``), trained in this process."""
+    if args.guess_fraction is not None:
+        raise ConfigError("--guess-fraction is for privacy.unit=example; the canary-client audit chooses its "
+                          "threshold on the scores")
     from raysim.audit_clients import run_client_audit
     from raysim.runtime.serial import SerialExecutor
     found = run_client_audit(cfg, SerialExecutor(), canaries=args.canaries if args.canaries is not None else 1000)
@@ -60,7 +63,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from raysim.algorithms.registry import get_method
     from raysim.audit import record_level_audit
     report = record_level_audit(cfg, canaries=args.canaries if args.canaries is not None else 10000,
-                                guess_fraction=args.guess_fraction)
+                                guess_fraction=args.guess_fraction if args.guess_fraction is not None else 0.1)
     caveat = get_method(cfg.method).audit_caveat
     if args.json:
         print(json.dumps({**report.as_dict(), "caveat": caveat}))
