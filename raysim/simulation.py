@@ -345,15 +345,15 @@ class Simulation:
         if order:
             payload = self.server.payload(t, self.weights)
             tasks = self.server.tasks(t, self.client_states, participants)
-            by_id = {task.client_id: task for task in tasks}
-            shards_by_id = {task.client_id: self.clients[task.client_id] for task in tasks}
-            if len(order) > len(tasks):   # canary clients: the round's task (C, lr scale), no data, no state
+            trained, shards = tasks, [self.clients[task.client_id] for task in tasks]
+            if self.extra_clients is not None:   # canary clients: the round's task (C, lr scale), no data or state
                 template = tasks[0] if tasks else self.server.tasks(t, self.client_states, [0])[0]
+                by_id = {task.client_id: (task, shard) for task, shard in zip(tasks, shards)}
                 for cid in order:
                     if cid not in by_id:
-                        by_id[cid] = dataclasses.replace(template, client_id=cid, client_state=None)
-                        shards_by_id[cid] = ClientData(cid, np.zeros(0, np.int64), np.zeros(0, np.int64))
-            trained, shards = [by_id[c] for c in order], [shards_by_id[c] for c in order]
+                        by_id[cid] = (dataclasses.replace(template, client_id=cid, client_state=None),
+                                      ClientData(cid, np.zeros(0, np.int64), np.zeros(0, np.int64)))
+                trained, shards = [by_id[c][0] for c in order], [by_id[c][1] for c in order]
             folds = self.spec.sums_updates and not self.cfg.runtime.sum_on_actors and self.extra_clients is None
             fold = self.server.fold_weights([len(c.train_indices) for c in shards]) if folds else None
             handle = self.executor.submit(payload, trained, shards, fold)
