@@ -168,8 +168,9 @@ def run_client_audit(cfg: Config, executor: Executor, canaries: int = 1000,
     sim.extra_clients = round_order
     runner.fixed_updates = canary_update
     changes = []
+    start = sim.weights.clone()
     try:
-        before = anchor = sim.weights.clone()
+        before = anchor = start
         for record in sim.run():
             changes.append((sim.weights - before).double())
             if plan.mechanism == "tree":   # the pass's prefix sum so far, as released
@@ -186,7 +187,7 @@ def run_client_audit(cfg: Config, executor: Executor, canaries: int = 1000,
     moved = torch.stack(changes)                                   # every release the auditor scores
     if not bool(torch.isfinite(moved).all()):
         raise ClientAuditError("the audited training diverged (non-finite weights), so no canary can be scored")
-    total = moved.sum(dim=0)
+    total = (sim.weights - start).double()                         # the final model change w_T − w_0
     norms = torch.cat([moved.norm(dim=1), total.norm().view(1)])
     norms[norms == 0] = 1.0
     releases = torch.cat([moved, total.view(1, -1)])
