@@ -123,3 +123,5 @@ def test_audit_cli_under_the_client_unit(capsys, tmp_path):
     found = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert found["unit"] == "client" and found["canaries"] == 100 and not found["refutes"]
     assert found["epsilon_lower_bound"] < CLAIM and found["epsilon_lower_bound_fdp"] < CLAIM
+    assert main(["audit", str(config), "--guess-fraction", "0.2"]) == 2   # the example unit's option, refused
+    assert "--guess-fraction is for privacy.unit=example" in capsys.readouterr().err
