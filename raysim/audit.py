@@ -23,7 +23,9 @@ Each canary is scored by the inner product of its gradient's direction with that
 update over the rounds, −Σ_t Δw^(t); the top and bottom ``guess_fraction`` of the scores are guessed
 in and out, and the number of right guesses becomes a 95 %-confidence lower bound ε_lb
 (:mod:`raysim.privacy.audit_bound`), overall and per layer (each layer's canaries scored among
-themselves). ε_lb is reported beside the ε accounted for what the audit observes, that client's
+themselves). Over all canaries, the same scores also give Steinke et al.'s and Mahloujifar et al.'s
+f-DP bound with the threshold chosen on the scores (one-sided guesses, Bonferroni over the thresholds,
+:func:`~raysim.privacy.audit_bound.score_audit`), each with its ceiling. ε_lb is reported beside the ε accounted for what the audit observes, that client's
 DP-SGD releases (every release of every step at the σ its tasks carried), and beside the ceiling,
 the ε_lb of all guesses right.
 
@@ -59,7 +61,7 @@ from raysim.experiment import prepare
 from raysim.messages import ClientTask
 from raysim.models import init_parameters, model_for
 from raysim.privacy.accounting import StepEvent, compute_epsilon
-from raysim.privacy.audit_bound import epsilon_lower_bound
+from raysim.privacy.audit_bound import epsilon_lower_bound, score_audit, score_audit_ceiling
 from raysim.privacy.grad_sample import LayerCanaries, SparseExamples, make_engine, parametrised_layers
 from raysim.privacy.plan import accounting_factor, resolve_clipping
 from raysim.rng import np_generator, torch_generator
@@ -103,11 +105,18 @@ class AuditResult:
     method: str = ""
     path: str = ""                 # how canaries enter: layer_pairs | sparse_extra | batch_mean
     per_layer: tuple[LayerAudit, ...] = ()   # each layer's bound at 1 − 0.05/K: 95 % for all K together
+    #: all canaries with the threshold chosen on the scores (one-sided guesses, Bonferroni over the thresholds):
+    #: Steinke et al.'s and the f-DP bound (95 % each), and their ceilings at this canary count
+    threshold_steinke: float = 0.0
+    threshold_fdp: float = 0.0
+    threshold_ceiling_steinke: float = 0.0
+    threshold_ceiling_fdp: float = 0.0
 
     @property
     def refutes(self) -> bool:
-        """Whether the overall bound or a layer's exceeds the accounted ε (each a 95 % statement)."""
-        return max([self.epsilon_lower_bound] + [p.epsilon_lower_bound for p in self.per_layer]) > self.epsilon_accounted
+        """Whether the overall bounds or a layer's exceed the accounted ε (each a 95 % statement)."""
+        found = [self.epsilon_lower_bound, self.threshold_steinke, self.threshold_fdp]
+        return max(found + [p.epsilon_lower_bound for p in self.per_layer]) > self.epsilon_accounted
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -557,9 +566,11 @@ def run_audit(cfg: Config, canaries: int = 10000, guess_fraction: float = 0.1, c
             continue
         g_k, c_k, b_k, top_k = _guess(scores[sl], included[sl], guess_fraction, delta, layer_confidence)
         per_layer.append(LayerAudit(d.name, d.parameters, len(d), g_k, c_k, b_k, top_k))
+    chosen, top = score_audit(scores[included], scores[~included], delta), score_audit_ceiling(total, delta)
     return AuditResult(bound, ceiling, float(accounted), delta, clipping, float(executor.tasks[0].noise_multiplier),
                        total, guesses, correct, steps * len(executor.tasks), canary_norm, cfg.method, path,
-                       tuple(per_layer))
+                       tuple(per_layer), chosen.epsilon_steinke, chosen.epsilon_fdp, top.epsilon_steinke,
+                       top.epsilon_fdp)
 
 
 # --------------------------------------------------------------------------- side channels

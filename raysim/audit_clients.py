@@ -1,27 +1,36 @@
 """``raysim audit`` under ``privacy.unit=client``: canary clients (Andrew et al., ICLR 2024, "One-shot
 empirical privacy estimation for federated learning").
 
-The configured run trains as it would (every real client, the server's noise), with
-M canary clients added to the population. Each canary's update is a fixed random direction u_j of norm
-``canary_norm``·C (10 C), far above the clip norm. A canary is inserted (a member) with probability 1/2;
-a member joins each round's cohort independently with the run's sampling rate q = k/N, and its update
-goes through the same client-side clipping (:func:`raysim.privacy.clipping.clip_update`) into the same
-noised sum as the real clients' updates. After the last round, each canary is scored by the cosine of
-the final model change w_T − w_0 with u_j.
+The configured run trains as it would (every real client, the server's noise), with M canary clients
+added to the population. A canary is a client without data whose local training yields a fixed random
+direction u_j of norm ``canary_norm``·C (10 C), far above the clip norm: it is a task of the round like
+any other, trained by the same :meth:`raysim.client.ClientRunner.train` (the one branch it takes is that
+its local training returns u_j instead of running SGD). Everything after local training is the real
+clients' code: the update formed, clipped and uploaded by the runner, summed with the others by the
+server and noised there. A canary is inserted (a member) with probability 1/2; a member joins each
+round's cohort independently with the simulated clients' rate q = k/N (under ``privacy.mechanism=tree``,
+once in every pass over the population, in a round of the pass drawn for it, as the shuffled passes
+take every real client once), at a random position among that round's clients (so a bug that depends
+on the order in which clients train reaches canaries as often as the real clients they stand among).
 
-Two readings of the scores, printed beside the ε accounted for the run:
+The auditor sees every round's release, as the accounting assumes. From the members' and the
+non-members' canaries (:mod:`raysim.privacy.audit_bound`):
 
-* the one-shot estimate of Andrew et al.: the members' and the non-members' cosines are taken as
-  Gaussians with the pooled standard deviation, and the ε at δ of telling them apart is that of μ-GDP
-  with μ = (mean_in − mean_out)/std (an estimate, not a bound);
-* the membership-guess lower bound of Steinke, Nasr & Jagielski 2023 (:mod:`raysim.privacy.audit_bound`):
-  the top and bottom ``guess_fraction`` of the scores guessed in and out, a 95 %-confidence lower bound
-  ε_lb, with its ceiling (the ε_lb of every guess right).
+* two 95 %-confidence lower bounds, Steinke, Nasr & Jagielski's and Mahloujifar et al.'s f-DP bound,
+  from one-sided guesses on each canary's score, the largest cosine over the rounds of the round's
+  model change w_t − w_{t−1} with u_j (under the tree also of each prefix of the pass, w_t − w_pass),
+  with the threshold chosen on the scores (Bonferroni over the thresholds); each with its ceiling (the
+  bound of perfectly separated scores at this canary count);
+* Andrew et al.'s one-shot estimate, from the cosine of the final model change w_T − w_0 with u_j: the
+  members' and the non-members' cosines fitted by Gaussians of their own means and standard
+  deviations, and the ε at δ of telling the two apart (an estimate, not a bound).
 
-A clipping bug lets the canaries' 10 C through, and noise below what is accounted shrinks the spread of
-the non-members' scores: both raise ε_lb above the claim. Canary clients are clients, so adding or
-removing one is the client unit's adjacency; their updates are data-independent, so the bound holds for
-whatever the real clients hold.
+The bounds are judged against the ε of the clients audited: the simulated population's, under the
+noise the simulated clients get. With noise sized for a deployment (``privacy.noise_cohort_size``,
+``privacy.population_size``) that ε is the simulated clients' own, under σ'·k/k', far above the
+deployment's ε, which is shown beside it. Canary clients are clients, so adding or removing one is the
+client unit's adjacency; their updates are data-independent, so the bounds hold for whatever the real
+clients hold.
 """
 
 from __future__ import annotations
@@ -32,19 +41,18 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy import optimize, stats
 
 from raysim.algorithms.registry import get_method, resolve_preset
-from raysim.algorithms.uploads import UploadContext
 from raysim.config import Config, ConfigError
 from raysim.experiment import prepare
-from raysim.messages import ClientResult, ClientTask
-from raysim.privacy import clipping
-from raysim.privacy.audit_bound import epsilon_lower_bound
+from raysim.messages import ClientTask
+from raysim.privacy.accounting import AccountingError
+from raysim.privacy.audit_bound import epsilon_two_gaussians, score_audit, score_audit_ceiling
+from raysim.privacy.population import epsilon_of
 from raysim.rng import np_generator, torch_generator
-from raysim.simulation import Executor, Simulation
+from raysim.simulation import Executor, Simulation, TrainingDiverged
 
-__all__ = ["ClientAuditResult", "run_client_audit", "gdp_epsilon"]
+__all__ = ["ClientAuditResult", "run_client_audit", "audited_epsilon"]
 
 
 class ClientAuditError(ConfigError):
@@ -54,38 +62,55 @@ class ClientAuditError(ConfigError):
 @dataclass(frozen=True)
 class ClientAuditResult:
     epsilon_lower_bound: float     # Steinke et al., 95 % confidence
-    epsilon_ceiling: float         # the largest ε_lb this audit can reach
-    epsilon_estimate: float        # Andrew et al.'s one-shot estimate (Gaussian fit)
-    epsilon_accounted: float       # the run's population ε, as accounted
+    epsilon_lower_bound_fdp: float   # Mahloujifar et al. (f-DP), 95 % confidence
+    epsilon_ceiling: float         # the largest Steinke bound this canary count can reach
+    epsilon_ceiling_fdp: float     # the largest f-DP bound this canary count can reach
+    epsilon_estimate: float        # Andrew et al.'s one-shot estimate (two Gaussians)
+    epsilon_audited: float         # the ε of the clients audited: the simulated population's
+    epsilon_accounted: float       # the run's ε as it reports it (the deployment's when noise is sized for one)
+    audited_scope: str
+    accounted_scope: str
     delta: float
-    noise_multiplier: float
+    noise_multiplier: float        # σ the simulated clients' sum gets, relative to C
     canaries: int
     members: int
-    guesses: int
+    thresholds: int                # thresholds the significance is divided among
+    guesses: int                   # one-sided guesses at the threshold of the f-DP bound
     correct: int
     rounds: int
     insertions: int                # canary updates inserted over the run
     canary_norm: float             # each canary's update norm before clipping, in units of C
     unit: str = "client"
 
+    @property
+    def refutes(self) -> bool:
+        """Whether either bound exceeds the ε of the clients audited."""
+        return max(self.epsilon_lower_bound, self.epsilon_lower_bound_fdp) > self.epsilon_audited
+
+    @property
+    def can_refute(self) -> bool:
+        """Whether the f-DP ceiling is above the ε of the clients audited (else no outcome refutes it)."""
+        return self.epsilon_ceiling_fdp > self.epsilon_audited
+
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "refutes": self.refutes, "can_refute": self.can_refute}
 
 
-def gdp_epsilon(mu: float, delta: float) -> float:
-    """ε at δ of μ-Gaussian DP (Dong, Roth & Su): δ(ε) = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2)."""
-    if mu <= 0:
-        return 0.0
-
-    def gap(eps: float) -> float:
-        return float(stats.norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2)) - delta
-
-    if gap(0.0) <= 0:
-        return 0.0
-    hi = 1.0
-    while gap(hi) > 0:
-        hi *= 2.0
-    return float(optimize.brentq(gap, 0.0, hi, xtol=1e-9))
+def audited_epsilon(cfg: Config, plan: Any) -> tuple[float, str]:
+    """The simulated clients' own ε after the run of a deployment-sized plan, and the accountant that gave
+    it. Under a deployment's noise (σ' sized for k' of N') the simulated average carries σ'C/k' of noise, so
+    the sum of the k simulated clients carries σ'·k/k' times C: their own σ, for the simulated population
+    (N clients, its cohorts). The run's accountant gives it, or RDP where PLD cannot (a σ so small that
+    its ε is in the hundreds or more)."""
+    sampling = "full" if cfg.clients_per_round is None else cfg.participation
+    sigma = plan.sigma * plan.denominator / plan.cohort
+    for accountant in dict.fromkeys((plan.accountant, "rdp")):
+        try:
+            return float(epsilon_of(plan.mechanism, sampling, cfg.num_clients, plan.denominator, plan.per_pass,
+                                    [sigma * m for m in plan.schedule], plan.delta, accountant)), accountant
+        except AccountingError:
+            continue
+    raise ClientAuditError(f"no accountant gives the simulated clients' ε at σ = {sigma:.4g}")
 
 
 def _direction(seed: int, j: int, size: int) -> torch.Tensor:
@@ -95,20 +120,15 @@ def _direction(seed: int, j: int, size: int) -> torch.Tensor:
     return u / u.norm()
 
 
-def run_client_audit(cfg: Config, executor: Executor, canaries: int = 1000, guess_fraction: float = 0.1,
+def run_client_audit(cfg: Config, executor: Executor, canaries: int = 1000,
                      canary_norm: float = 10.0) -> ClientAuditResult:
     """Audit the client-level mechanism of ``cfg`` with canary clients (see the module docstring), training
-    on ``executor`` (the CLI gives the serial executor: the canaries join each round in this process)."""
+    on ``executor``, which must train in this process (the CLI gives the serial executor)."""
     if canaries < 10:
         raise ConfigError(f"--canaries must be >= 10, got {canaries}")
-    if not 0 < guess_fraction <= 0.5:
-        raise ConfigError(f"--guess-fraction must be in (0, 0.5], got {guess_fraction}")
     cfg = resolve_preset(cfg)
     if cfg.privacy.unit != "client":
         raise ClientAuditError("the canary-client audit is for privacy.unit=client")
-    if cfg.privacy.mechanism != "gaussian":
-        raise ClientAuditError("the canary-client audit samples canaries like Poisson cohorts; "
-                               "privacy.mechanism=tree (a shuffled pass) is not audited")
     spec = get_method(cfg.method)
     kinds = {u.release.kind for u in spec.uploads(cfg)} - {"joint", "diagnostic"}
     if kinds:
@@ -117,55 +137,81 @@ def run_client_audit(cfg: Config, executor: Executor, canaries: int = 1000, gues
                                f"its joint count")
     train, test = prepare(cfg)
     sim = Simulation(cfg, train, test, executor)
+    runner = getattr(sim.executor, "runner", None)
+    if runner is None:
+        sim.executor.shutdown()
+        raise ClientAuditError("the canary-client audit trains its canaries in this process: use the serial executor")
     plan = sim.server.ctx.client_level
-    d = int(sim.weights.numel())
-    start = sim.weights.clone()
+    n, d = cfg.num_clients, int(sim.weights.numel())
     members = np_generator(cfg.seed, "audit-canary-membership").random(canaries) < 0.5
     member_ids = np.flatnonzero(members)
-    q = plan.sample_rate if plan.sampling != "uniform" else (cfg.clients_per_round or cfg.num_clients) / cfg.num_clients
-    uploads = spec.uploads(cfg)
+    # the simulated clients' rate (k/N, or 1 when every client trains every round), also under a deployment's noise
+    q = 1.0 if cfg.clients_per_round is None else cfg.clients_per_round / n
     inserted = [0]
 
-    def canary_results(server_round: int) -> list[ClientResult]:
-        rng = np_generator(cfg.seed, "audit-canary-cohort", server_round)
-        chosen = member_ids[rng.random(len(member_ids)) < q]
-        clip_norm = float(sim.server.clip_norm(server_round))
-        out = []
-        for j in chosen:
-            task = ClientTask(cfg.num_clients + int(j), server_round, clip_norm, 0.0)
-            # The same client-side clipping as every real client (looked up at call time).
-            delta, norm = clipping.clip_update(_direction(cfg.seed, int(j), d) * (canary_norm * clip_norm), clip_norm)
-            ctx = UploadContext(cfg=cfg, task=task, model=None, delta=delta, num_samples=0, num_steps=0,
-                                frac_clipped=float(norm > clip_norm), val_x=None, val_y=None,
-                                num_classes=0, layer_slices=(), example_norms=None, update_norm=norm,
-                                rng=lambda purpose: np_generator(cfg.seed, purpose, server_round, task.client_id))
-            values = {u.name: u.compute(ctx) for u in uploads if u.release.kind == "joint"}
-            out.append(ClientResult(task.client_id, server_round, 0, 0, delta, math.nan, float(norm > clip_norm),
-                                    uploads=values))
-        inserted[0] += len(out)
-        return out
+    def round_order(server_round: int, participants: list[int]) -> list[int]:
+        if plan.mechanism == "tree":   # once a pass, in the round of the pass its own shuffle gives it
+            pass_index, slot = divmod(server_round - 1, plan.per_pass)
+            slots = np_generator(cfg.seed, "audit-canary-pass", pass_index).integers(0, plan.per_pass, len(member_ids))
+            chosen = member_ids[slots == slot]
+        else:
+            chosen = member_ids[np_generator(cfg.seed, "audit-canary-cohort", server_round).random(len(member_ids)) < q]
+        inserted[0] += len(chosen)
+        everyone = np.array(list(participants) + [n + int(j) for j in chosen], dtype=np.int64)
+        return [int(c) for c in np_generator(cfg.seed, "audit-canary-order", server_round).permutation(everyone)]
 
-    sim.extra_results = canary_results
+    def canary_update(task: ClientTask) -> torch.Tensor | None:
+        if task.client_id < n:
+            return None
+        return _direction(cfg.seed, task.client_id - n, d) * (canary_norm * float(task.clip_norm))
+
+    sim.extra_clients = round_order
+    runner.fixed_updates = canary_update
+    changes = []
+    start = sim.weights.clone()
     try:
-        for _record in sim.run():
-            pass
+        before = anchor = start
+        for record in sim.run():
+            changes.append((sim.weights - before).double())
+            if plan.mechanism == "tree":   # the pass's prefix sum so far, as released
+                if (record.server_round - 1) % plan.per_pass == 0:
+                    anchor = before
+                if (record.server_round - 1) % plan.per_pass > 0:
+                    changes.append((sim.weights - anchor).double())
+            before = sim.weights.clone()
+    except TrainingDiverged as err:
+        raise ClientAuditError(f"the audited training diverged ({err}), so no canary can be scored; audit at a "
+                               f"smaller lr or clip norm") from None
     finally:
         sim.executor.shutdown()
-    moved = (sim.weights - start).double()
+    moved = torch.stack(changes)                                   # every release the auditor scores
     if not bool(torch.isfinite(moved).all()):
         raise ClientAuditError("the audited training diverged (non-finite weights), so no canary can be scored")
-    norm = float(moved.norm())
-    scores = np.array([float(moved @ _direction(cfg.seed, j, d).double()) / norm if norm > 0 else 0.0
-                       for j in range(canaries)])
-    k = max(1, int(guess_fraction * canaries))
-    order = np.argsort(scores, kind="stable")
-    correct = int(members[order[-k:]].sum() + (~members[order[:k]]).sum())
+    total = (sim.weights - start).double()                         # the final model change w_T − w_0
+    norms = torch.cat([moved.norm(dim=1), total.norm().view(1)])
+    norms[norms == 0] = 1.0
+    releases = torch.cat([moved, total.view(1, -1)])
+    cosines = np.array([((releases @ _direction(cfg.seed, j, d).double()) / norms).numpy() for j in range(canaries)])
+    scores, final = cosines[:, :-1].max(axis=1), cosines[:, -1]
     delta = cfg.privacy.delta
-    inside, outside = scores[members], scores[~members]
-    pooled = math.sqrt((inside.var(ddof=1) * (len(inside) - 1) + outside.var(ddof=1) * (len(outside) - 1))
-                       / (len(scores) - 2))
-    estimate = gdp_epsilon(float(inside.mean() - outside.mean()) / pooled, delta) if pooled > 0 else math.inf
+    found = score_audit(scores[members], scores[~members], delta)
+    ceiling = score_audit_ceiling(canaries, delta)
+    inside, outside = final[members], final[~members]
+    spread = (inside.std(ddof=1), outside.std(ddof=1))
+    estimate = (epsilon_two_gaussians(float(inside.mean()), spread[0], float(outside.mean()), spread[1], delta)
+                if min(spread) > 0 else math.inf)
+    simulated = f"the simulated population of {n} clients"
+    audited = float(sim.epsilons.max())
+    if plan.deployment:
+        audited, accountant = audited_epsilon(cfg, plan)
+        if accountant != cfg.privacy.accountant:
+            simulated += f", by the {accountant} accountant"
+        accounted_scope = (f"the deployment of {cfg.privacy.noise_cohort_size} clients a round out of "
+                           f"{cfg.privacy.population_size} the noise is sized for")
+    else:
+        accounted_scope = simulated
     return ClientAuditResult(
-        epsilon_lower_bound(canaries, 2 * k, correct, delta), epsilon_lower_bound(canaries, 2 * k, 2 * k, delta),
-        estimate, float(sim.epsilons.max()), delta, plan.sigma, canaries, int(members.sum()), 2 * k, correct,
-        cfg.rounds, inserted[0], canary_norm)
+        found.epsilon_steinke, found.epsilon_fdp, ceiling.epsilon_steinke, ceiling.epsilon_fdp, estimate, audited,
+        float(sim.epsilons.max()), simulated, accounted_scope, delta, plan.sigma * plan.denominator / plan.cohort,
+        canaries, int(members.sum()), found.thresholds, found.guesses, found.correct, cfg.rounds, inserted[0],
+        canary_norm)

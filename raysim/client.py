@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Any
 
@@ -20,7 +21,7 @@ from raysim.models import model_for
 from raysim.privacy.grad_sample import layer_slices, make_engine
 from raysim.allocator import configure_process
 from raysim.rng import np_generator
-from raysim.training import example_norm_pass, local_train
+from raysim.training import LocalStats, example_norm_pass, local_train
 from raysim.messages import ClientData, ClientResult, ClientTask, RoundPayload
 
 
@@ -85,6 +86,9 @@ class ClientRunner:
         self.uploads = self.spec.uploads(cfg)
         #: The privacy audit only (``raysim.audit``): task -> the per-step canaries of that task's training, or None.
         self.canaries: Any = None
+        #: The client-level audit only (``raysim.audit_clients``): task -> the update a canary client's local
+        #: training yields (a fixed direction), or None for a client that trains on its data.
+        self.fixed_updates: Any = None
 
     def evaluate(self, weights: torch.Tensor, x: Any, y: torch.Tensor, num_classes: int) -> Evaluation:
         """The global model ``weights`` on a test set, on this runner's device (``runtime.eval_on=actor``)."""
@@ -128,6 +132,37 @@ class ClientRunner:
         start = time.perf_counter()
         if client.client_id != task.client_id:
             raise ValueError(f"task for client {task.client_id} came with the shard of client {client.client_id}")
+        fixed = self.fixed_updates(task) if self.fixed_updates is not None else None
+        if fixed is None:
+            delta, stats, new_state, norms, (y, xv, yv) = self._train_locally(payload, task, client)
+        else:   # a canary client: no data, its local training yields the fixed update
+            delta, norms, y, xv, yv = fixed.detach().to(torch.float32).cpu(), None, torch.zeros(0), None, None
+            stats, new_state = LocalStats(0, math.nan, 0.0), task.client_state
+        seed, server_round, cid = self.cfg.train_seed, task.server_round, task.client_id
+        client_level = self.clipping == UPDATE_CLIPPING   # local training without DP; the whole update clipped
+        frac_clipped, update_norm = stats.frac_clipped, None
+        if client_level:
+            delta, update_norm = clipping.clip_update(delta, float(task.clip_norm))
+            frac_clipped = float(update_norm > float(task.clip_norm))
+        new_state = to_device(new_state, torch.device("cpu"))
+        ctx = UploadContext(cfg=self.cfg, task=task, model=self.model, delta=delta, num_samples=len(y),
+                            num_steps=stats.num_steps, frac_clipped=frac_clipped, val_x=xv, val_y=yv,
+                            num_classes=self.info.num_classes, layer_slices=self.layer_slices,
+                            example_norms=norms, update_norm=update_norm,
+                            rng=lambda purpose: np_generator(seed, purpose, server_round, cid))
+        uploads, diagnostics = {}, {}
+        for u in self.uploads:
+            (diagnostics if u.release.kind == "diagnostic" else uploads)[u.name] = u.compute(ctx)
+        delta_norm = float(delta.norm())   # the rows' update norm; finite iff Δ is (an overflow is divergence too)
+        return ClientResult(
+            client_id=task.client_id, server_round=task.server_round, num_samples=len(y), num_steps=stats.num_steps,
+            delta=delta, train_loss=stats.train_loss, frac_clipped=frac_clipped, uploads=uploads,
+            diagnostics=diagnostics, client_state=new_state, seconds=time.perf_counter() - start,
+            device=self.device.type, delta_norm=delta_norm)
+
+    def _train_locally(self, payload: RoundPayload, task: ClientTask, client: ClientData) -> tuple[Any, ...]:
+        """Local (DP-)training of ``client`` from the payload: (Δ on the CPU, its :class:`LocalStats`, the new
+        client state, the pre-round example norms or None, (y, x_val, y_val))."""
         x, y, xv, yv = self.tensors(client)
         model = self.model
         # No-ops on CPU (Tensor.to returns the same tensor), copies onto the GPU otherwise.
@@ -138,7 +173,6 @@ class ClientRunner:
         # A private copy: the parameters become views of it and are updated in place.
         weights = payload.start_weights.clone()
         vector_to_parameters(weights, model.parameters())
-        seed, server_round, cid = self.cfg.train_seed, task.server_round, task.client_id
         # The pre-round norm pass (ADPC's histogram, the adaptive-quantile bit): every example's gradient
         # norm at the round's starting model, before training and independent of its sampling and noise.
         norms = (example_norm_pass(model, x, y, engine=self.engine, batch_size=self.cfg.batch_size)
@@ -155,26 +189,7 @@ class ClientRunner:
         else:                         # a hook gave a parameter storage of its own
             with torch.no_grad():
                 end = parameters_to_vector(params).detach()
-        delta = (end - payload.start_weights).cpu()
-        frac_clipped, update_norm = stats.frac_clipped, None
-        if client_level:
-            delta, update_norm = clipping.clip_update(delta, float(task.clip_norm))
-            frac_clipped = float(update_norm > float(task.clip_norm))
-        new_state = to_device(new_state, torch.device("cpu"))
-        ctx = UploadContext(cfg=self.cfg, task=task, model=model, delta=delta, num_samples=len(y),
-                            num_steps=stats.num_steps, frac_clipped=frac_clipped, val_x=xv, val_y=yv,
-                            num_classes=self.info.num_classes, layer_slices=self.layer_slices,
-                            example_norms=norms, update_norm=update_norm,
-                            rng=lambda purpose: np_generator(seed, purpose, server_round, cid))
-        uploads, diagnostics = {}, {}
-        for u in self.uploads:
-            (diagnostics if u.release.kind == "diagnostic" else uploads)[u.name] = u.compute(ctx)
-        delta_norm = float(delta.norm())   # the rows' update norm; finite iff Δ is (an overflow is divergence too)
-        return ClientResult(
-            client_id=task.client_id, server_round=task.server_round, num_samples=len(y), num_steps=stats.num_steps,
-            delta=delta, train_loss=stats.train_loss, frac_clipped=frac_clipped, uploads=uploads,
-            diagnostics=diagnostics, client_state=new_state, seconds=time.perf_counter() - start,
-            device=self.device.type, delta_norm=delta_norm)
+        return (end - payload.start_weights).cpu(), stats, new_state, norms, (y, xv, yv)
 
 
 def _tiles(flat: torch.Tensor, params: list[torch.Tensor]) -> bool:

@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from raysim.algorithms.base import MethodContext, fold_updates
+from raysim.algorithms.base import MethodContext
 from raysim.algorithms.registry import get_method, resolve_preset
 from raysim.allocator import configure_process
 from raysim.client import eval_where
@@ -221,8 +221,9 @@ class Simulation:
         self._client_device: str | None = None   # the device type the clients trained on (release_context)
         self._resume_release: dict[str, Any] = {}   # the release context of the checkpoint resumed from
         self._inflight: _Dispatched | None = None   # round t+1, submitted while round t is evaluated (run)
-        #: the client-level audit only (``raysim.audit_clients``): canary clients' results joining round t's
-        self.extra_results: Callable[[int], list[ClientResult]] | None = None
+        #: the client-level audit only (``raysim.audit_clients``): (t, round t's participants) -> the order in
+        #: which round t's clients train, the participants and canary clients (ids >= num_clients, no data)
+        self.extra_clients: Callable[[int, list[int]], list[int]] | None = None
         self.setup = SetupRecord(data.partition_stats, count_parameters(self.model), self.clipping,
                                  self.privacy.setup_sigmas(), not_covered(self.spec, cfg, self.clipping))
 
@@ -345,13 +346,22 @@ class Simulation:
         clip = self.server.clip_norm(t)          # C^(t), before aggregation moves it
         tasks: list[ClientTask] = []
         handle = None
-        if participants:
+        order = self.extra_clients(t, participants) if self.extra_clients is not None else participants
+        if order:
             payload = self.server.payload(t, self.weights)
             tasks = self.server.tasks(t, self.client_states, participants)
-            shards = [self.clients[task.client_id] for task in tasks]
-            folds = self.spec.sums_updates and not self.cfg.runtime.sum_on_actors and self.extra_results is None
+            trained, shards = tasks, [self.clients[task.client_id] for task in tasks]
+            if self.extra_clients is not None:   # canary clients: the round's task (C, lr scale), no data or state
+                template = tasks[0] if tasks else self.server.tasks(t, self.client_states, [0])[0]
+                by_id = {task.client_id: (task, shard) for task, shard in zip(tasks, shards)}
+                for cid in order:
+                    if cid not in by_id:
+                        by_id[cid] = (dataclasses.replace(template, client_id=cid, client_state=None),
+                                      ClientData(cid, np.zeros(0, np.int64), np.zeros(0, np.int64)))
+                trained, shards = [by_id[c][0] for c in order], [by_id[c][1] for c in order]
+            folds = self.spec.sums_updates and not self.cfg.runtime.sum_on_actors and self.extra_clients is None
             fold = self.server.fold_weights([len(c.train_indices) for c in shards]) if folds else None
-            handle = self.executor.submit(payload, tasks, shards, fold)
+            handle = self.executor.submit(payload, trained, shards, fold)
         return _Dispatched(t, participants, clip, tasks, handle, t_plan)
 
     def _train_and_aggregate(self, t: int) -> "_Aggregated":
@@ -361,6 +371,8 @@ class Simulation:
         participants, tasks = sent.participants, sent.tasks
         results = self.executor.collect(sent.handle) if sent.handle is not None else []
         total = self.executor.take_sum() if results else None
+        canaries = [r for r in results if r.client_id >= len(self.clients)]   # the client-level audit's
+        results = [r for r in results if r.client_id < len(self.clients)]
         if results:   # before anything of the round is aggregated or written
             device = ",".join(sorted({r.device for r in results}))
             self._check_release({"client_device": device})
@@ -379,18 +391,14 @@ class Simulation:
                                    f"(clip norm {sent.clip})")
         for r in results:
             self.client_states.put(r.client_id, r.client_state, t)
-        if self.extra_results is not None:
-            extra = self.extra_results(t)
-            if total is not None and extra:
-                extra, extra_total = fold_updates(self.cfg, extra)
-                total = total + extra_total
-            results = results + extra
+        results = results + canaries
         # A round without participants (possible with participation=poisson) leaves the global model and
         # the server state as they are, except under privacy.unit=client, where the server's noised
         # release is made whoever took part. What the simulation only logs is never shown to the server.
         shown = [r.server_view(self.cfg.privacy.unit) for r in results]
         if total is not None and not self.cfg.runtime.sum_on_actors:
-            if [r.num_samples for r in results] != [len(self.clients[c].train_indices) for c in participants]:
+            if [r.num_samples for r in results[:len(participants)]] != [len(self.clients[c].train_indices)
+                                                                       for c in participants]:
                 raise RuntimeError(f"round {t}: the clients' training-set sizes are not those the updates were "
                                    f"weighted by")
             agg = self.server.aggregate_folded(t, self.weights, shown, total)

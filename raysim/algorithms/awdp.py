@@ -81,6 +81,7 @@ AWDP_FL = register(MethodSpec(
     client_level=lambda cfg: "its per-layer thresholds clip per-example gradients in DP-SGD; under privacy.unit=client "
                              "the whole update is clipped to one C",
     client_columns=(("layer_clip_norms", "string"),),
-    audit_caveat=("even with the noise switched off this audit does not find this method's canaries (ε_lb 0.37 "
-                  "against ε = 2 on the quickstart; the first layer's at chance); the cause is not established "
-                  "(docs/privacy.md)")))
+    audit_caveat=("per-layer clipping gives every real example's gradient in a layer the same threshold C_k as a "
+                  "canary there, so in a small layer (the quickstart's first conv, 832 parameters) the real "
+                  "examples' summed gradients outweigh the canaries' own part and its canaries score at chance, "
+                  "even with the noise off: a bug confined to such a layer can go unseen (docs/privacy.md)")))

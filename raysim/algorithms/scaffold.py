@@ -96,4 +96,5 @@ SCAFFOLD = register(MethodSpec(
     server=ScaffoldServer, client=ScaffoldHooks, private=False, client_level=lambda cfg: _CLIENT_LEVEL_REFUSAL,
     audit_caveat=("from round 2 on, each local step subtracts c_i, the client's previous mean gradient, canaries "
                   "included, so the summed update the audit scores keeps about one round of a canary's signal: "
-                  "even without noise this audit stays near its one-round bound (docs/privacy.md)")))
+                  "even without noise the top-and-bottom bound stays near its one-round value; the thresholded "
+                  "bounds are the ones to read (docs/privacy.md)")))

@@ -16,26 +16,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--canaries", type=int, default=None, metavar="M",
                    help="privacy.unit=example: gradient canaries spread over every parametrised layer (default "
                         "10000); privacy.unit=client: canary clients (default 1000)")
-    p.add_argument("--guess-fraction", type=float, default=0.1, metavar="F",
-                   help="guess the top and the bottom F of the canaries' scores (default 0.1; in (0, 0.5])")
+    p.add_argument("--guess-fraction", type=float, default=None, metavar="F",
+                   help="privacy.unit=example: guess the top and the bottom F of the canaries' scores (default 0.1; "
+                        "in (0, 0.5]); the client unit chooses its threshold on the scores")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=cmd_audit)
 
 
 def _client_audit(cfg, args: argparse.Namespace) -> int:
     """``privacy.unit=client``: canary clients (``raysim.audit_clients``), trained in this process."""
+    if args.guess_fraction is not None:
+        raise ConfigError("--guess-fraction is for privacy.unit=example; the canary-client audit chooses its "
+                          "threshold on the scores")
     from raysim.audit_clients import run_client_audit
     from raysim.runtime.serial import SerialExecutor
-    found = run_client_audit(cfg, SerialExecutor(), canaries=args.canaries if args.canaries is not None else 1000,
-                             guess_fraction=args.guess_fraction)
+    found = run_client_audit(cfg, SerialExecutor(), canaries=args.canaries if args.canaries is not None else 1000)
     if args.json:
         print(json.dumps(found.as_dict()))
         return 0
-    print(f"{cfg.method} (client-level, σ = {found.noise_multiplier:.4f}, {found.rounds} rounds, "
-          f"{found.insertions} canary updates inserted): ε_lb = {found.epsilon_lower_bound:.3f} (95 % "
-          f"confidence; ceiling {found.epsilon_ceiling:.3f}), one-shot estimate ε ≈ {found.epsilon_estimate:.3f}, "
-          f"against accounted ε = {found.epsilon_accounted:.3f} at δ = {found.delta:g}; "
-          f"{found.correct}/{found.guesses} guesses right over {found.canaries} canary clients")
+    print(f"{cfg.method} (client-level, σ = {found.noise_multiplier:.4f} on the simulated clients' sum, "
+          f"{found.rounds} rounds, {found.insertions} canary updates inserted, {found.canaries} canary clients): "
+          f"ε_lb = {found.epsilon_lower_bound:.3f} (Steinke et al.) and {found.epsilon_lower_bound_fdp:.3f} (f-DP), "
+          f"95 % confidence each, {found.correct}/{found.guesses} one-sided guesses right; one-shot estimate "
+          f"ε ≈ {found.epsilon_estimate:.3f}; against the audited clients' ε = {found.epsilon_audited:.3f} at "
+          f"δ = {found.delta:g} ({found.audited_scope})")
+    if found.accounted_scope != found.audited_scope:
+        print(f"the run reports ε = {found.epsilon_accounted:.3f}, the ε of {found.accounted_scope}: not the "
+              f"audited clients' and not what this audit can check")
+    print(f"ceilings at {found.canaries} canaries: {found.epsilon_ceiling:.3f} (Steinke et al.), "
+          f"{found.epsilon_ceiling_fdp:.3f} (f-DP); "
+          + ("the audit refutes the claim" if found.refutes else "no claim refuted")
+          + ("" if found.can_refute else
+             f"; this audit cannot refute ε = {found.epsilon_audited:.3f} (above its f-DP ceiling): add canaries"))
     return 0
 
 
@@ -51,7 +63,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from raysim.algorithms.registry import get_method
     from raysim.audit import record_level_audit
     report = record_level_audit(cfg, canaries=args.canaries if args.canaries is not None else 10000,
-                                guess_fraction=args.guess_fraction)
+                                guess_fraction=args.guess_fraction if args.guess_fraction is not None else 0.1)
     caveat = get_method(cfg.method).audit_caveat
     if args.json:
         print(json.dumps({**report.as_dict(), "caveat": caveat}))
@@ -62,6 +74,11 @@ def cmd_audit(args: argparse.Namespace) -> int:
           f"{r.epsilon_accounted:.3f} at δ = {r.delta:g}; {r.correct}/{r.guesses} guesses right over {r.canaries} "
           f"canaries; ceiling {r.epsilon_ceiling:.3f} (the ε_lb of every guess right: a claim above it cannot be "
           f"refuted by this audit)")
+    print(f"  with the threshold chosen on the scores (one-sided guesses, Bonferroni over the thresholds): "
+          f"ε_lb = {r.threshold_steinke:.3f} (Steinke et al.) and {r.threshold_fdp:.3f} (f-DP), ceilings "
+          f"{r.threshold_ceiling_steinke:.3f} and {r.threshold_ceiling_fdp:.3f}"
+          + ("" if r.threshold_ceiling_fdp > r.epsilon_accounted else
+             f"; this audit cannot refute ε = {r.epsilon_accounted:.3f}: add canaries"))
     if caveat:
         print(f"caveat ({cfg.method}): {caveat}")
     for p in r.per_layer:

@@ -1,25 +1,19 @@
 """privacy.unit=client end to end: every method that supports the unit runs, is accounted as one
-population and clips each update; the others are refused in one line; the canary-client audit catches
-an unclipped update and noise below what is accounted, and stays below the claim on a clean run."""
+population and clips each update; the others are refused in one line (the canary-client audit:
+test_client_audit.py)."""
 
 from __future__ import annotations
 
-import json
-from unittest import mock
 
 import numpy as np
 import pytest
 
 from raysim.algorithms.registry import all_methods, resolve_preset
-from raysim.audit_clients import run_client_audit
 from raysim.cli import main
-from raysim.config import config_from_dict, read_yaml
+from raysim.config import config_from_dict
 from raysim.participation import participation_schedule
-from raysim.privacy import clipping
-from raysim.privacy.population import ClientLevelPlan
 from raysim.results import read_table
 from raysim.runtime import execute
-from raysim.runtime.serial import SerialExecutor
 from tests.conftest import REPO
 
 CLIENT_METHODS = [s.name for s in all_methods() if "client" in s.units() and s.preset_of is None]
@@ -107,42 +101,3 @@ def test_tree_refused_for_a_server_rule_that_needs_each_round(capsys, tmp_path):
     code, err = _cli_run(capsys, tmp_path, "method=fedacg", "privacy.mechanism=tree", "participation=shuffle",
                          "clients_per_round=2", "privacy.accountant=rdp")
     assert code == 2 and "prefix sums" in err and len(err.strip().splitlines()) == 1
-
-
-AUDIT = read_yaml(REPO / "experiments" / "audit_client.yaml")
-CLAIM = AUDIT["privacy"]["epsilon"]
-
-
-def _audit():
-    return run_client_audit(config_from_dict(AUDIT), SerialExecutor(), canaries=500)
-
-
-def test_canary_client_audit_of_a_clean_run_stays_below_the_claim():
-    result = _audit()
-    assert result.epsilon_accounted == pytest.approx(CLAIM, abs=1e-3)
-    assert result.epsilon_lower_bound < CLAIM < result.epsilon_ceiling
-    assert result.insertions > 0 and 0 < result.members < result.canaries
-
-
-def test_canary_client_audit_catches_an_unclipped_update():
-    def unclipped(delta, clip_norm):
-        return delta, float(delta.double().norm())
-
-    with mock.patch.object(clipping, "clip_update", unclipped):
-        result = _audit()
-    assert result.epsilon_lower_bound > CLAIM
-
-
-def test_canary_client_audit_catches_noise_below_the_accounted():
-    real = ClientLevelPlan.update_noise_std
-    with mock.patch.object(ClientLevelPlan, "update_noise_std", lambda self, t, c: real(self, t, c) / 10):
-        result = _audit()
-    assert result.epsilon_lower_bound > CLAIM
-
-
-def test_audit_cli_under_the_client_unit(capsys, tmp_path):
-    config = tmp_path / "audit.yaml"
-    config.write_text(json.dumps({**AUDIT, "rounds": 2}))
-    assert main(["audit", str(config), "--canaries", "100", "--json"]) == 0
-    found = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert found["unit"] == "client" and found["canaries"] == 100 and found["epsilon_lower_bound"] < CLAIM
