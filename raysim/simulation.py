@@ -14,6 +14,7 @@ participants, so memory and round time do not grow with the number of clients th
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import pickle
 import time
