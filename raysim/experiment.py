@@ -6,7 +6,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
 
 import numpy as np
 
@@ -19,6 +19,9 @@ from raysim.results.rows import now, run_row
 from raysim.rng import np_generator
 from raysim.simulation import RoundRecord, SetupRecord, load_checkpoint
 from raysim.state_store import delete_files
+
+if TYPE_CHECKING:
+    from raysim.algorithms.base import MethodSpec
 
 
 def check_config(cfg: Config) -> Config:
@@ -36,6 +39,26 @@ def check_config(cfg: Config) -> Config:
         raise ConfigError(f"config key 'runtime.sum_on_actors': method {cfg.method!r}'s server reads each client's "
                           f"update, so its actors cannot sum them; methods that can: {able}")
     return cfg
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run is, settled before anything starts: its config with the method's presets resolved (the
+    config every later step reads), the method, the clipping mode and the run id. Built by :func:`plan_run`."""
+
+    cfg: Config
+    spec: MethodSpec
+    clipping: str
+    run_id: str
+
+
+def plan_run(cfg: Config) -> RunPlan:
+    """Check ``cfg`` against the registries and the privacy plan (no data is read) and settle it: the one
+    place where ``run``, ``sweep`` and ``tune`` resolve a config before validating it."""
+    from raysim.privacy.plan import resolve_clipping
+    cfg = check_config(cfg)
+    spec = get_method(cfg.method)
+    return RunPlan(cfg, spec, resolve_clipping(spec, cfg), run_id_for(cfg))
 
 
 def prepare(cfg: Config) -> tuple[Any, Any]:
@@ -59,9 +82,8 @@ def subsample_train(cfg: Config, train: Any) -> Any:
 
 def preflight(cfg: Config, train: Any) -> None:
     """Catch user errors (privacy settings, impossible partitions) here, before any actor starts."""
-    from raysim.privacy.plan import resolve_clipping
     from raysim.run_data import make_partition
-    resolve_clipping(get_method(cfg.method), cfg)
+    cfg = plan_run(cfg).cfg
     make_partition(cfg, train.y)
 
 
