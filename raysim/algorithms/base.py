@@ -105,6 +105,9 @@ class Server:
         if ctx.client_level is not None and ctx.client_level.mechanism == "tree":
             self.tree_anchor: torch.Tensor | None = None   # DP-FTRL: the weights the current pass started from
             self.tree_sum: torch.Tensor | None = None      # and the pass's exact sum of clipped updates so far
+        if ctx.client_level is not None and ctx.client_level.correlated:
+            #: blt, bandmf: the state of the noise (C⁻¹ z)_t, one step per round (checkpointed with the server)
+            self.noise_stream = ctx.client_level.new_stream(ctx.num_params)
 
     # --- privacy plan (used before round 1 to calibrate σ, and every round) ---------------
     @classmethod
@@ -197,6 +200,7 @@ class Server:
         """The round's client-level release: (Σ_i clip_C(Δ_i) + N(0, σ_Δ²C²I)) / k, the updates clipped by
         their clients, the noise drawn here from ``(seed, "server-dp-noise", round)`` and sized by the plan
         (``MethodContext.client_level``; k the expected cohort size, also for a cohort that came out empty).
+        Under blt and bandmf that draw is z_t, and the noise is σ·sens·C·(C⁻¹ z)_t (correlated across rounds).
         ``total``: Σ_i clip_C(Δ_i) as the workers summed it (:meth:`aggregate_sum`)."""
         plan = self.ctx.client_level
         if plan is None:
@@ -204,8 +208,12 @@ class Server:
         clip = self.clip_norm(server_round)
         if total is None:
             total = self.client_sum(results)
-        std = plan.update_noise_std(server_round, float(clip))
-        noise = GaussianNoise(self.cfg.train_seed, "server-dp-noise", server_round).vector(self.ctx.num_params, std)
+        if plan.correlated:   # blt, bandmf: the round's row of C⁻¹ z, z_t drawn from the round's stream
+            z = GaussianNoise(self.cfg.train_seed, "server-dp-noise", server_round).vector(self.ctx.num_params, 1.0)
+            noise = self.noise_stream.step(z) * plan.correlated_noise_std(float(clip))
+        else:
+            std = plan.update_noise_std(server_round, float(clip))
+            noise = GaussianNoise(self.cfg.train_seed, "server-dp-noise", server_round).vector(self.ctx.num_params, std)
         return (total / plan.denominator + noise.double()).to(torch.float32)
 
     def client_sum(self, results: Sequence[ClientResult]) -> torch.Tensor:

@@ -27,6 +27,8 @@ RUNS = pa.schema([
     ("epsilon", F64), ("delta", F64), ("noise_multiplier", F64),
     ("privacy_unit", STR),     # what ε protects: example (one example of one client) | client (one whole client)
     ("adjacency", STR),        # the neighbouring relation ε is for (client unit: implied by the cohorts)
+    ("privacy_mechanism", STR),    # the noise: gaussian (independent), tree, blt or bandmf (client unit)
+    ("participation", STR),    # how each round's clients are drawn (e.g. cyclic poisson, with its groups and rate)
     ("epsilon_scope", STR),    # whose ε it is: each simulated client's, the population's, or a deployment's
     ("clipping", STR), ("accountant", STR), ("not_covered_by_epsilon", STR), ("num_params", I64),
     ("epsilon_exceptions", STR),   # the uploads ε does not cover, by their privacy.allow_uncovered keys ("" : none)
