@@ -86,6 +86,12 @@ def fold_updates(cfg: Config, results: Sequence[ClientResult]) -> tuple[list[Cli
     return [r.without_delta() for r in results], total
 
 
+def _snr(signal: torch.Tensor, noise: torch.Tensor) -> float:
+    """‖signal‖ / ‖noise‖ in float64 (inf for noise of norm 0)."""
+    norm = float(torch.linalg.vector_norm(noise.double()))
+    return float(torch.linalg.vector_norm(signal.double())) / norm if norm > 0 else float("inf")
+
+
 def _shares(num_samples: Sequence[int]) -> np.ndarray:
     """FedAvg's weights n_i / Σ_j n_j."""
     n = np.array(num_samples, dtype=np.float64)
@@ -119,7 +125,7 @@ class Server:
     def state_dict(self) -> dict[str, Any]:
         """Everything the strategy learned so far (ADPC's C, CRA's EMAs, momenta, controls, …): its
         attributes except the fixed context. A subclass whose state is not plain attributes overrides."""
-        return {k: v for k, v in vars(self).items() if k not in ("ctx", "cfg")}
+        return {k: v for k, v in vars(self).items() if k not in ("ctx", "cfg", "release_snr")}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         vars(self).update(state)
@@ -214,7 +220,9 @@ class Server:
         else:
             std = plan.update_noise_std(server_round, float(clip))
             noise = GaussianNoise(self.cfg.train_seed, "server-dp-noise", server_round).vector(self.ctx.num_params, std)
-        return (total / plan.denominator + noise.double()).to(torch.float32)
+        mean = total / plan.denominator
+        self.release_snr = _snr(mean, noise)
+        return (mean + noise.double()).to(torch.float32)
 
     def client_sum(self, results: Sequence[ClientResult]) -> torch.Tensor:
         """Σ_i Δ_i in float64 (zeros for an empty cohort)."""
@@ -236,7 +244,14 @@ class Server:
             self.tree_sum = self.tree_sum + (self.client_sum(results) if total is None else total)
         std = plan.update_sigma * float(self.clip_norm(server_round))
         noise = plan.prefix_noise(self.cfg.train_seed, pass_index, slot + 1, std, self.ctx.num_params)
+        self.release_snr = _snr(self.tree_sum, noise)
         return (self.tree_anchor + (self.tree_sum + noise) / plan.denominator).to(torch.float32)
+
+    def take_release_snr(self) -> float | None:
+        """The last client-level release's signal-to-noise ratio, ‖un-noised aggregate‖ / ‖noise added to it‖,
+        once (None if no release was made since). A diagnostic for the rounds table, computed from the
+        un-noised sum: the simulation logs it and no server rule reads it."""
+        return vars(self).pop("release_snr", None)
 
     def uniform_logs(self, results: Sequence[ClientResult]) -> list[dict[str, float]]:
         """Client-level aggregation weights: 1/k for every participant (weights by n_i would make the

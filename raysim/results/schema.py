@@ -49,6 +49,8 @@ ROUNDS_BASE = pa.schema([
     ("clip_norm", F64), ("epsilon", F64), ("mean_train_loss", F64), ("round_seconds", F64),
     ("client_train_seconds", F64), ("communication_seconds", F64), ("aggregation_seconds", F64),
     ("accounting_seconds", F64), ("eval_seconds", F64),
+    # client unit: ‖un-noised aggregate‖ / ‖noise added to it‖ of the round's release (a simulation diagnostic)
+    ("release_snr", F64),
 ])
 
 #: Generic columns of the clients table.

@@ -214,11 +214,21 @@ def _starts(n: int, buffers: int) -> list[list[np.ndarray]]:
             [interlaced(10.0), np.concatenate([_logit(rational.buf_decay), _logit(rational.inverse().buf_decay)])]]
 
 
+def _grown(blt: BLT) -> np.ndarray:
+    """Starting point one buffer larger than ``blt``: a new buffer of half its smallest decay and a small
+    output scale, so the start is ``blt`` almost exactly (more buffers then never lose to fewer)."""
+    theta = np.append(blt.buf_decay, 0.5 * blt.buf_decay[-1])
+    omega = np.append(blt.output_scale, 1e-3 * blt.output_scale.min())
+    grown = BLT.build(theta, omega)
+    return np.concatenate([_logit(grown.buf_decay), _logit(grown.inverse().buf_decay)])
+
+
 def optimize_blt(n: int, buffers: int, min_sep: int = 1, participations: int | None = 1,
-                 steps: int = 1000) -> BLT:
+                 steps: int = 1000, init: BLT | None = None) -> BLT:
     """The BLT with ``buffers`` buffers that minimises the max loss over ``n`` steps for participations at
     least ``min_sep`` apart, at most ``participations`` of them (None: as many as fit). The loss is not
-    convex: L-BFGS runs from two fixed starting points (:func:`_starts`) and the better end point wins."""
+    convex: L-BFGS runs from two fixed starting points (:func:`_starts`), and from ``init`` grown by one
+    buffer when given (a BLT with one buffer fewer), and the best end point wins."""
     if n < 1 or buffers < 0:
         raise ValueError(f"n must be >= 1 and buffers >= 0, got n={n}, buffers={buffers}")
     k = max_participations(n, min_sep, participations)
@@ -226,7 +236,10 @@ def optimize_blt(n: int, buffers: int, min_sep: int = 1, participations: int | N
         return BLT.build([], [])
     loss = _Loss(n, min_sep, k)
     value, x = math.inf, np.zeros(2 * buffers)
-    for starts in _starts(n, buffers):
+    rounds = _starts(n, buffers)
+    if init is not None and init.buffers == buffers - 1 and buffers > 1:
+        rounds[0].insert(0, _grown(init))
+    for starts in rounds:
         value, x = min((_minimise(loss, x0, steps) for x0 in starts), key=lambda r: r[0])
         if math.isfinite(value):
             break
