@@ -95,24 +95,34 @@ def amplified_bandmf_event(noise_multiplier: float, n: int, bands: int, sample_r
 
 class BandMFNoise:
     """The correlated noise ``(C⁻¹ z)_t`` of a banded strategy, one step at a time; the state is the last
-    b − 1 noise vectors (float64). ``z_t`` is supplied by the caller (raysim draws it from a keyed stream).
-    :meth:`state_dict` / :meth:`load_state_dict` carry it through a checkpoint."""
+    b − 1 noise vectors (float64, a ring: step t writes slot t mod (b − 1)) and the step count. ``z_t`` is
+    supplied by the caller (raysim draws it from a keyed stream). :meth:`state_dict` /
+    :meth:`load_state_dict` carry the state through a checkpoint."""
 
     def __init__(self, coefs: np.ndarray, size: int) -> None:
         c = np.asarray(coefs, dtype=np.float64)
         self.c0 = float(c[0])
-        self.tail = torch.tensor(c[1:], dtype=torch.float64)
-        self.past = torch.zeros((len(c) - 1, size), dtype=torch.float64)   # w_{t−1}, w_{t−2}, …
+        self.tail = c[1:]                                       # c_1 … c_{b−1}
+        self.past = torch.zeros((len(c) - 1, size), dtype=torch.float64)
+        self.steps = 0
 
     def step(self, z: torch.Tensor) -> torch.Tensor:
-        w = z.double() - self.tail @ self.past if len(self.tail) else z.double().clone()
-        w = w / self.c0
-        if len(self.tail):
-            self.past = torch.cat([w[None, :], self.past[:-1]])
+        w = z.double().clone()
+        slots = len(self.tail)
+        if slots:
+            weights = np.zeros(slots)                           # c_j on the slot of w_{t−j}
+            for j in range(1, min(self.steps, slots) + 1):
+                weights[(self.steps - j) % slots] = self.tail[j - 1]
+            w -= torch.from_numpy(weights) @ self.past
+        w /= self.c0
+        if slots:
+            self.past[self.steps % slots] = w
+        self.steps += 1
         return w
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"past": self.past.clone()}
+    def state_dict(self) -> dict[str, torch.Tensor | int]:
+        return {"past": self.past.clone(), "steps": self.steps}
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+    def load_state_dict(self, state: dict[str, torch.Tensor | int]) -> None:
         self.past = state["past"].clone()
+        self.steps = int(state["steps"])
