@@ -59,7 +59,7 @@ from raysim.privacy.accounting import PrivacyLedger, StepEvent, compute_epsilon,
 dp_accounting = LazyModule("dp_accounting")
 rdp_privacy_accountant = LazyModule("dp_accounting.rdp.rdp_privacy_accountant")
 
-__all__ = ["ClientLevelPlan", "client_level_plan", "joint_update_sigma", "privacy_scope", "ADAPTIVE_COUNT_DIVISOR"]
+__all__ = ["ClientLevelPlan", "client_level_plan", "check_mechanism", "joint_update_sigma", "privacy_scope", "ADAPTIVE_COUNT_DIVISOR"]
 
 #: σ_b = k / ADAPTIVE_COUNT_DIVISOR (Andrew et al. 2021's choice, k the expected cohort size).
 ADAPTIVE_COUNT_DIVISOR = 20.0
@@ -316,6 +316,18 @@ def privacy_scope(cfg: Config) -> dict[str, str]:
             "participation": participation_label(cfg), "epsilon_scope": scope}
 
 
+def check_mechanism(cfg: Config, schedule: Sequence[float], adaptive_count: bool) -> None:
+    """Refuse (one line) a method the mechanism cannot account: a σ that changes by round under a mechanism
+    accounted with one σ, or adaptive clipping's joint count beside correlated noise."""
+    p = cfg.privacy
+    if p.mechanism != "gaussian" and len(set(float(m) for m in schedule)) > 1:
+        raise ConfigError(f"privacy.mechanism={p.mechanism} takes one noise multiplier for every round; method "
+                          f"{cfg.method}'s noise schedule changes it")
+    if adaptive_count and p.mechanism in CYCLIC_MECHANISMS:
+        raise ConfigError(f"privacy.mechanism={p.mechanism}: adaptive clipping's count is accounted jointly with "
+                          f"independent Gaussian rounds only; use privacy.mechanism=gaussian")
+
+
 def client_level_plan(cfg: Config, schedule: Sequence[float], adaptive_count: bool) -> ClientLevelPlan:
     """The plan of ``cfg`` (presets resolved): σ given (``privacy.noise_multiplier``) or calibrated to
     ``privacy.epsilon`` over all T rounds, for the simulated federation or the deployment it stands for.
@@ -326,12 +338,7 @@ def client_level_plan(cfg: Config, schedule: Sequence[float], adaptive_count: bo
     population = int(p.population_size) if deployment else cfg.num_clients
     simulated_k = cfg.clients_per_round if cfg.clients_per_round is not None else cfg.num_clients
     cohort = int(p.noise_cohort_size) if deployment else int(simulated_k)
-    if p.mechanism != "gaussian" and len(set(float(m) for m in schedule)) > 1:
-        raise ConfigError(f"privacy.mechanism={p.mechanism} takes one noise multiplier for every round; this "
-                          f"method's noise schedule changes it")
-    if adaptive_count and p.mechanism in CYCLIC_MECHANISMS:
-        raise ConfigError(f"privacy.mechanism={p.mechanism}: adaptive clipping's count is accounted jointly with "
-                          f"independent Gaussian rounds only; use privacy.mechanism=gaussian")
+    check_mechanism(cfg, schedule, adaptive_count)
     groups = rate = 0
     strategy, sensitivity = None, 1.0
     if p.mechanism in CYCLIC_MECHANISMS:

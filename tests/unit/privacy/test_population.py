@@ -204,10 +204,14 @@ def test_pairings_without_accounting_are_refused_in_one_line(changes, key):
     assert "\n" not in str(info.value)
 
 
-def test_adaptive_clipping_with_correlated_noise_is_refused():
-    cfg = client_cfg(mechanism="blt", rounds=6, method="dp-fedavg-adaptive")
-    with pytest.raises(ConfigError, match="adaptive clipping's count"):
-        client_level_plan(cfg, np.ones(6), adaptive_count=True)
+@pytest.mark.parametrize("method, message", [("dp-fedavg-adaptive", "adaptive clipping's count"),
+                                             ("dp-acdn", "dp-acdn's noise schedule changes it")])
+def test_methods_correlated_noise_cannot_account_are_refused_before_the_run(method, message):
+    from raysim.experiment import plan_run
+    for mechanism in ("blt", "bandmf"):
+        with pytest.raises(ConfigError, match=message):
+            plan_run(client_cfg(mechanism=mechanism, rounds=6, method=method))
+    assert plan_run(client_cfg(mechanism="blt", rounds=6, method="fedacg")).clipping == "update"
 
 
 def test_bandmf_plan_is_amplified_bandmf_on_dp_accounting():
