@@ -124,10 +124,10 @@ def run_experiment(cfg: Config, results_dir: str, host: DriverHost, *, sweep_id:
     rounds run again, so the tables end equal to an uninterrupted run's, bit for bit. ``restart``
     starts from scratch instead. ``data`` is the (train, test) pair from :func:`prepare`.
     """
-    cfg = check_config(cfg)   # presets resolved once, here; every later step gets this config
+    plan = plan_run(cfg)   # presets resolved once, here; every later step gets this config
+    cfg, run_id = plan.cfg, plan.run_id
     train, test = data if data is not None else prepare(cfg)
     sink = ResultsSink(results_dir)
-    run_id = run_id_for(cfg)
     previous = None if restart else sink.read_run(run_id)
     blob = sink.read_checkpoint(run_id) if previous and previous.get("status") in ("running", "failed") else None
     best_acc = best_f1 = -math.inf
@@ -152,7 +152,7 @@ def run_experiment(cfg: Config, results_dir: str, host: DriverHost, *, sweep_id:
         row.update(clipping=setup.clipping, noise_multiplier=_finite_or_none(setup.max_noise_multiplier),
                    startup_seconds=setup.startup_seconds,
                    not_covered_by_epsilon=setup.not_covered_by_epsilon, num_params=setup.num_params,
-                   epsilon_exceptions=epsilon_exceptions(get_method(cfg.method), resolve_preset(cfg), setup.clipping))
+                   epsilon_exceptions=epsilon_exceptions(plan.spec, cfg, setup.clipping))
         sink.write_partition(run_id, setup.partition_stats)
         sink.write_run(row)
         if on_setup:
