@@ -25,7 +25,7 @@ import yaml
 __all__ = ["ConfigError", "Config", "register_section", "method_sections", "fail", "check_choice", "load_config", "config_from_dict", "apply_overrides", "config_to_dict",
            "config_hash", "parse_override", "run_id_for", "result_hash", "CLIPPING_MODES", "PARTICIPATION_MODES",
            "MODEL_NAMES", "PRIVACY_UNITS", "CLIENT_MECHANISMS",
-           "CYCLIC_MECHANISMS"]
+           "CYCLIC_MECHANISMS", "PREFIX_SUM_MECHANISMS"]
 
 #: ``participation`` modes (R): how a round's clients are drawn when ``clients_per_round`` is set
 #: (``shuffle``: consecutive cohorts of one shuffled pass over the population after another).
@@ -38,6 +38,8 @@ CLIENT_MECHANISMS = ("gaussian", "tree", "blt", "bandmf")
 #: The client-unit mechanisms whose noise is correlated across rounds by a matrix factorisation; their
 #: cohorts come from cyclic groups (``privacy.min_separation``), so that a client's rounds are that far apart.
 CYCLIC_MECHANISMS = ("blt", "bandmf")
+#: The client-unit mechanisms whose release is each pass's prefix sums, not each round's noised mean.
+PREFIX_SUM_MECHANISMS = ("tree",)
 
 #: ``privacy.clipping`` modes once resolved (``auto`` resolves to one of them).
 CLIPPING_MODES = ("per_sample", "batch", "none")

@@ -20,7 +20,7 @@ import torch
 
 from raysim.algorithms import flat
 from raysim.algorithms.uploads import Upload
-from raysim.config import Config
+from raysim.config import PREFIX_SUM_MECHANISMS, Config
 from raysim.messages import ClientResult, ClientTask, RoundPayload
 from raysim.noise import GaussianNoise
 
@@ -108,7 +108,7 @@ class Server:
     def __init__(self, ctx: MethodContext) -> None:
         self.ctx = ctx
         self.cfg = ctx.cfg
-        if ctx.client_level is not None and ctx.client_level.mechanism == "tree":
+        if ctx.client_level is not None and ctx.client_level.releases_prefix_sums:
             self.tree_anchor: torch.Tensor | None = None   # DP-FTRL: the weights the current pass started from
             self.tree_sum: torch.Tensor | None = None      # and the pass's exact sum of clipped updates so far
         if ctx.client_level is not None and ctx.client_level.correlated:
@@ -197,7 +197,7 @@ class Server:
                       total: torch.Tensor | None = None) -> Aggregate:
         """The client-level release (DP-FTRL's tree, else the Gaussian mean), from ``total`` = Σ_i clip_C(Δ_i)
         when the workers summed the updates, else from the results' updates."""
-        if self.ctx.client_level.mechanism == "tree":
+        if self.ctx.client_level.releases_prefix_sums:
             return Aggregate(self.tree_release(server_round, global_weights, results, total), self.uniform_logs(results))
         return Aggregate(global_weights + self.private_mean(server_round, results, total), self.uniform_logs(results), {})
 
@@ -330,9 +330,9 @@ def client_level_any(cfg: Config) -> str | None:
 def client_level_gaussian(cfg: Config) -> str | None:
     """``MethodSpec.client_level`` of a method whose server rule needs each round's noised mean on its own
     (momentum, adaptive C): the client unit's Gaussian mechanism, not tree aggregation."""
-    if cfg.privacy.mechanism == "tree":
-        return ("its server rule takes each round's noised mean, while privacy.mechanism=tree releases "
-                "prefix sums; use privacy.mechanism=gaussian")
+    if cfg.privacy.mechanism in PREFIX_SUM_MECHANISMS:
+        return (f"its server rule takes each round's noised mean, while privacy.mechanism={cfg.privacy.mechanism} "
+                f"releases prefix sums; use privacy.mechanism=gaussian, blt or bandmf")
     return None
 
 

@@ -47,7 +47,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from raysim.config import CYCLIC_MECHANISMS, Config, ConfigError
+from raysim.config import CYCLIC_MECHANISMS, PREFIX_SUM_MECHANISMS, Config, ConfigError
 from raysim.lazy import LazyModule
 from raysim.noise import GaussianNoise
 from raysim.participation import cyclic_groups, cyclic_rate, rounds_per_pass
@@ -97,6 +97,11 @@ class ClientLevelPlan:
     rate: float = 1.0              # blt, bandmf: the Poisson rate within a group
     strategy: Any = None           # bandmf: the band coefficients (unit norm); blt: the BLT; None otherwise
     sensitivity: float = 1.0       # blt: the strategy's sensitivity over T rounds; 1 otherwise
+
+    @property
+    def releases_prefix_sums(self) -> bool:
+        """Whether a round's release is its pass's prefix sum (tree), not the round's noised mean."""
+        return self.mechanism in PREFIX_SUM_MECHANISMS
 
     @property
     def correlated(self) -> bool:
