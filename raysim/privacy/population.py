@@ -40,6 +40,7 @@ that the joint release is one Gaussian of multiplier σ: (σ_Δ⁻² + (2σ_b)�
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -255,8 +256,10 @@ class BLTStrategy:
         return self.blt.buffers
 
 
+@functools.lru_cache(maxsize=16)
 def blt_for(rounds: int, groups: int) -> BLTStrategy:
-    """The BLT for T rounds and participations G apart (at most ⌈T/G⌉): buffers added while they help."""
+    """The BLT for T rounds and participations G apart (at most ⌈T/G⌉): buffers added while they help.
+    A pure function of (T, G), kept for the process's later runs (a sweep, a resumed run)."""
     k = max_participations(rounds, groups)
     best, best_loss = BLT.build([], []), blt_max_loss(BLT.build([], []), rounds, groups, k)
     for buffers in range(1, BLT_MAX_BUFFERS + 1):
@@ -266,6 +269,12 @@ def blt_for(rounds: int, groups: int) -> BLTStrategy:
             break
         best, best_loss = blt, loss
     return BLTStrategy(best, rounds)
+
+
+@functools.lru_cache(maxsize=16)
+def bandmf_for(rounds: int, bands: int) -> tuple[float, ...]:
+    """The BandMF coefficients for T rounds and b bands (a pure function, kept like :func:`blt_for`'s)."""
+    return tuple(float(c) for c in optimize_bandmf(rounds, bands))
 
 
 def _sampling(cfg: Config) -> str:
@@ -349,7 +358,7 @@ def client_level_plan(cfg: Config, schedule: Sequence[float], adaptive_count: bo
     if p.mechanism in CYCLIC_MECHANISMS:
         groups, rate = cyclic_groups(cfg), cyclic_rate(cfg)
         if p.mechanism == "bandmf":
-            strategy = tuple(float(c) for c in optimize_bandmf(cfg.rounds, min(groups, cfg.rounds)))
+            strategy = bandmf_for(cfg.rounds, min(groups, cfg.rounds))
         else:
             strategy = blt_for(cfg.rounds, groups)
             sensitivity = strategy_sensitivity(strategy, cfg.rounds, groups)
