@@ -318,7 +318,8 @@ def privacy_scope(cfg: Config) -> dict[str, str]:
     p = cfg.privacy
     if p.unit == "example":
         return {"privacy_unit": "example", "adjacency": "add/remove one training example of one client",
-                "privacy_mechanism": "gaussian", "participation": participation_label(cfg),
+                "privacy_mechanism": "gaussian" if p.epsilon is not None or p.noise_multiplier is not None else "none",
+                "participation": participation_label(cfg),
                 "epsilon_scope": "each client's own ε (the run's is the largest)"}
     sampling = _sampling(cfg)
     if p.noise_cohort_size is not None:
