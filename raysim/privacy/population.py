@@ -263,7 +263,10 @@ def blt_for(rounds: int, groups: int) -> BLTStrategy:
     k = max_participations(rounds, groups)
     best, best_loss = BLT.build([], []), blt_max_loss(BLT.build([], []), rounds, groups, k)
     for buffers in range(1, BLT_MAX_BUFFERS + 1):
-        blt = optimize_blt(rounds, buffers, groups, k, init=best if best.buffers else None)
+        try:
+            blt = optimize_blt(rounds, buffers, groups, k, init=best if best.buffers else None)
+        except RuntimeError:   # no feasible end point with this many buffers: keep the best so far
+            break
         loss = blt_max_loss(blt, rounds, groups, k)
         if not loss * BLT_BUFFER_GAIN < best_loss:
             break
