@@ -24,7 +24,8 @@ import yaml
 
 __all__ = ["ConfigError", "Config", "register_section", "method_sections", "fail", "check_choice", "load_config", "config_from_dict", "apply_overrides", "config_to_dict",
            "config_hash", "parse_override", "run_id_for", "result_hash", "CLIPPING_MODES", "PARTICIPATION_MODES",
-           "MODEL_NAMES", "PRIVACY_UNITS", "CLIENT_MECHANISMS"]
+           "MODEL_NAMES", "PRIVACY_UNITS", "CLIENT_MECHANISMS",
+           "CYCLIC_MECHANISMS", "PREFIX_SUM_MECHANISMS"]
 
 #: ``participation`` modes (R): how a round's clients are drawn when ``clients_per_round`` is set
 #: (``shuffle``: consecutive cohorts of one shuffled pass over the population after another).
@@ -33,7 +34,12 @@ PARTICIPATION_MODES = ("uniform", "poisson", "shuffle")
 #: ``privacy.unit``: what a run's ε protects.
 PRIVACY_UNITS = ("example", "client")
 #: ``privacy.mechanism`` under ``privacy.unit=client``.
-CLIENT_MECHANISMS = ("gaussian", "tree")
+CLIENT_MECHANISMS = ("gaussian", "tree", "blt", "bandmf")
+#: The client-unit mechanisms whose noise is correlated across rounds by a matrix factorisation; their
+#: cohorts come from cyclic groups (``privacy.min_separation``), so that a client's rounds are that far apart.
+CYCLIC_MECHANISMS = ("blt", "bandmf")
+#: The client-unit mechanisms whose release is each pass's prefix sums, not each round's noised mean.
+PREFIX_SUM_MECHANISMS = ("tree",)
 
 #: ``privacy.clipping`` modes once resolved (``auto`` resolves to one of them).
 CLIPPING_MODES = ("per_sample", "batch", "none")
@@ -91,7 +97,10 @@ class PrivacyConfig:
     engine: str = "bk"                 # per-sample gradient engine
     unit: str = "example"              # what ε protects: example (one training example of one client, DP-SGD) |
                                        # client (one whole client, DP-FedAvg: each update clipped, noised once)
-    mechanism: str = "gaussian"        # client unit: gaussian (noised cohort sum, sampled cohorts) | tree (DP-FTRL)
+    mechanism: str = "gaussian"        # client unit: gaussian (noised cohort sum, sampled cohorts) | tree (DP-FTRL) |
+                                       # blt (Buffered Linear Toeplitz) | bandmf (banded matrix factorisation)
+    min_separation: int | None = None  # blt, bandmf: G cyclic groups of clients, round t draws from group t mod G
+                                       # (BandMF's bands); None: min(N // k, rounds)
     noise_cohort_size: int | None = None   # client unit: k' of a deployment the noise is sized for (with
     population_size: int | None = None     # population_size N'); ε is then the deployment's
     allow_uncovered: tuple[str, ...] = ()  # uploads computed from private data without noise that the run
@@ -415,6 +424,9 @@ def _check_unit(cfg: Config) -> None:
     _choice("privacy.unit", p.unit, PRIVACY_UNITS)
     _choice("privacy.mechanism", p.mechanism, CLIENT_MECHANISMS)
     deployment = (p.noise_cohort_size, p.population_size)
+    if p.min_separation is not None and p.mechanism not in CYCLIC_MECHANISMS:
+        _fail("privacy.min_separation", f"sets the cyclic groups of privacy.mechanism={'|'.join(CYCLIC_MECHANISMS)}; "
+                                        f"this run's mechanism is {p.mechanism}")
     if p.unit == "example":
         if p.mechanism != "gaussian":
             _fail("privacy.mechanism", f"{p.mechanism} needs privacy.unit=client (it protects whole clients)")
@@ -434,11 +446,13 @@ def _check_unit(cfg: Config) -> None:
         if p.population_size < cfg.num_clients:
             _fail("privacy.population_size", f"the deployment must be at least the simulated federation "
                                              f"(num_clients={cfg.num_clients}), got {p.population_size}")
-        if p.mechanism == "tree":
+        if p.mechanism != "gaussian":
             _fail("privacy.noise_cohort_size", "noise sized for a deployment is for privacy.mechanism=gaussian")
     if p.mechanism == "tree" and cfg.participation != "shuffle":
         _fail("participation", "privacy.mechanism=tree (DP-FTRL) takes each client at most once per pass over "
                                "a shuffled population: set participation=shuffle")
+    if p.mechanism in CYCLIC_MECHANISMS:
+        _check_cyclic(cfg)
     if p.mechanism == "gaussian" and cfg.participation == "shuffle":
         _fail("participation", "shuffle has no amplification to account under privacy.mechanism=gaussian; "
                                "use poisson or uniform, or privacy.mechanism=tree")
@@ -450,6 +464,19 @@ def _check_unit(cfg: Config) -> None:
         what = "tree aggregation" if p.mechanism == "tree" else "fixed-size cohorts (sampling without replacement)"
         _fail("privacy.accountant", f"privacy.unit=client with {what} is accounted by dp-accounting's RDP accountant "
                                     f"only: set privacy.accountant=rdp (or participation=poisson)")
+
+
+def _check_cyclic(cfg: Config) -> None:
+    """blt and bandmf: Poisson draws within cyclic groups, at most N // k groups (a group's rate is kG/N ≤ 1)."""
+    p = cfg.privacy
+    if cfg.clients_per_round is not None and cfg.participation != "poisson":
+        _fail("participation", f"privacy.mechanism={p.mechanism} draws each round's cohort from one of its cyclic "
+                               f"groups with Poisson sampling; set participation=poisson (fixed-size or shuffled "
+                               f"cohorts have no accounting with correlated noise here)")
+    k = cfg.clients_per_round if cfg.clients_per_round is not None else cfg.num_clients
+    if p.min_separation is not None and not 1 <= p.min_separation <= cfg.num_clients // k:
+        _fail("privacy.min_separation", f"must be in [1, num_clients // clients_per_round = {cfg.num_clients // k}] "
+                                        f"(each group is drawn at rate k·G/N ≤ 1), got {p.min_separation}")
 
 
 def config_from_dict(values: Mapping[str, Any]) -> Config:
@@ -578,7 +605,7 @@ def server_holdout_size(cfg: Config) -> int:
 #: Privacy keys that enter a run's id only when set away from their default, so the ids of configs that
 #: do not use them stay what they were before the keys existed.
 _HASHED_UNLESS_DEFAULT = (("unit", "example"), ("mechanism", "gaussian"), ("noise_cohort_size", None),
-                          ("population_size", None))
+                          ("population_size", None), ("min_separation", None))
 
 #: Runtime keys that change a run's results: the thread count moves sums in the last place (MKL splits
 #: small matmuls by it), and so does summing the updates on the actors (``sum_on_actors``, hashed only when

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
 
 import numpy as np
 
@@ -18,6 +18,9 @@ from raysim.results.rows import now, run_row
 from raysim.rng import np_generator
 from raysim.simulation import RoundRecord, SetupRecord, load_checkpoint
 from raysim.state_store import delete_files
+
+if TYPE_CHECKING:
+    from raysim.algorithms.base import MethodSpec
 
 
 def check_config(cfg: Config) -> Config:
@@ -43,6 +46,26 @@ def check_config(cfg: Config) -> Config:
     return cfg
 
 
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run is, settled before anything starts: its config with the method's presets resolved (the
+    config every later step reads), the method, the clipping mode and the run id. Built by :func:`plan_run`."""
+
+    cfg: Config
+    spec: MethodSpec
+    clipping: str
+    run_id: str
+
+
+def plan_run(cfg: Config) -> RunPlan:
+    """Check ``cfg`` against the registries and the privacy plan (no data is read) and settle it: the one
+    place where ``run``, ``sweep`` and ``tune`` resolve a config before validating it."""
+    from raysim.privacy.plan import resolve_clipping
+    cfg = check_config(cfg)
+    spec = get_method(cfg.method)
+    return RunPlan(cfg, spec, resolve_clipping(spec, cfg), run_id_for(cfg))
+
+
 def prepare(cfg: Config) -> tuple[Any, Any]:
     """Check the config against the registries, load (train, test), and run :func:`preflight`."""
     cfg = check_config(cfg)
@@ -63,9 +86,8 @@ def subsample_train(cfg: Config, train: Any) -> Any:
 
 def preflight(cfg: Config, train: Any) -> None:
     """Catch user errors (privacy settings, impossible partitions) here, before any actor starts."""
-    from raysim.privacy.plan import resolve_clipping
     from raysim.run_data import make_partition
-    resolve_clipping(get_method(cfg.method), cfg)
+    cfg = plan_run(cfg).cfg
     make_partition(cfg, train)
 
 
@@ -106,10 +128,10 @@ def run_experiment(cfg: Config, results_dir: str, host: DriverHost, *, sweep_id:
     rounds run again, so the tables end equal to an uninterrupted run's, bit for bit. ``restart``
     starts from scratch instead. ``data`` is the (train, test) pair from :func:`prepare`.
     """
-    cfg = check_config(cfg)   # presets resolved once, here; every later step gets this config
+    plan = plan_run(cfg)   # presets resolved once, here; every later step gets this config
+    cfg, run_id = plan.cfg, plan.run_id
     train, test = data if data is not None else prepare(cfg)
     sink = ResultsSink(results_dir)
-    run_id = run_id_for(cfg)
     previous = None if restart else sink.read_run(run_id)
     blob = sink.read_checkpoint(run_id) if previous and previous.get("status") in ("running", "failed") else None
     best_acc = best_f1 = -math.inf
@@ -134,7 +156,7 @@ def run_experiment(cfg: Config, results_dir: str, host: DriverHost, *, sweep_id:
         row.update(clipping=setup.clipping, noise_multiplier=_finite_or_none(setup.max_noise_multiplier),
                    startup_seconds=setup.startup_seconds,
                    not_covered_by_epsilon=setup.not_covered_by_epsilon, num_params=setup.num_params,
-                   epsilon_exceptions=epsilon_exceptions(get_method(cfg.method), resolve_preset(cfg), setup.clipping))
+                   epsilon_exceptions=epsilon_exceptions(plan.spec, cfg, setup.clipping))
         sink.write_partition(run_id, setup.partition_stats)
         sink.write_run(row)
         if on_setup:

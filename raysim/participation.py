@@ -15,6 +15,10 @@ after a resume, and the privacy plan can read each client's whole participation 
 * ``shuffle`` (DP-FTRL, ``privacy.mechanism=tree``): passes over the population one after another, each
   in its own random order (stream ``(seed, "participation-pass", pass)``), a round taking the next k
   clients of the pass, so each client trains at most once per pass of ⌈N/k⌉ rounds.
+* cyclic Poisson (``privacy.mechanism=blt|bandmf``, with ``participation=poisson``): the population is cut
+  once into G groups (``privacy.min_separation``, default min(⌊N/k⌋, T); a random partition from stream
+  ``(seed, "participation-groups")``), and round t draws each client of group (t − 1) mod G independently
+  with probability kG/N (expected cohort k). A client's rounds are then multiples of G apart.
 
 Privacy (``privacy.unit=example``): the accountant treats the schedule as public and composes, for each client, exactly the
 rounds it takes part in; it claims no amplification by client sampling (the guarantee is per example
@@ -25,11 +29,30 @@ from __future__ import annotations
 
 import numpy as np
 
-from raysim.config import Config
+from raysim.config import CYCLIC_MECHANISMS, Config, ConfigError
 from raysim.rng import np_generator
-from raysim.config import ConfigError
 
-__all__ = ["participation_schedule", "rounds_by_client", "is_full", "rounds_per_pass"]
+__all__ = ["participation_schedule", "rounds_by_client", "is_full", "rounds_per_pass", "cyclic_groups",
+           "cyclic_rate", "is_cyclic"]
+
+
+def is_cyclic(cfg: Config) -> bool:
+    """Whether the cohorts come from cyclic groups (the correlated-noise mechanisms of the client unit)."""
+    return cfg.privacy.unit == "client" and cfg.privacy.mechanism in CYCLIC_MECHANISMS
+
+
+def cyclic_groups(cfg: Config) -> int:
+    """G, the number of cyclic groups: ``privacy.min_separation``, else min(⌊N/k⌋, T) (at least 1)."""
+    if cfg.privacy.min_separation is not None:
+        return int(cfg.privacy.min_separation)
+    k = cfg.clients_per_round if cfg.clients_per_round is not None else cfg.num_clients
+    return max(1, min(cfg.num_clients // k, cfg.rounds))
+
+
+def cyclic_rate(cfg: Config) -> float:
+    """The Poisson rate within a group, k·G/N (1 when every client trains every round)."""
+    k = cfg.clients_per_round if cfg.clients_per_round is not None else cfg.num_clients
+    return min(1.0, k * cyclic_groups(cfg) / cfg.num_clients)
 
 
 def rounds_per_pass(cfg: Config) -> int:
@@ -37,8 +60,15 @@ def rounds_per_pass(cfg: Config) -> int:
     return -(-cfg.num_clients // (cfg.clients_per_round or cfg.num_clients))
 
 
-def _round_cohort(cfg: Config, server_round: int) -> np.ndarray:
+def _round_cohort(cfg: Config, server_round: int, groups: np.ndarray | None = None) -> np.ndarray:
     n, k = cfg.num_clients, cfg.clients_per_round
+    if groups is not None:
+        members = np.flatnonzero(groups == (server_round - 1) % cyclic_groups(cfg))
+        rate = cyclic_rate(cfg)
+        if rate >= 1.0:
+            return members.astype(np.int64)
+        rng = np_generator(cfg.seed, "participation", server_round)
+        return members[rng.random(len(members)) < rate].astype(np.int64)
     if k is None:
         return np.arange(n, dtype=np.int64)
     # One stream per round: round t's cohort does not depend on T, so a shorter run is a prefix.
@@ -58,7 +88,12 @@ def _round_cohort(cfg: Config, server_round: int) -> np.ndarray:
 def participation_schedule(cfg: Config) -> list[np.ndarray]:
     """Sorted client ids of each round t = 1..T (entry t − 1); every client in every round when
     ``clients_per_round`` is None. A pure function of the config (seed, N, k, mode, T)."""
-    return [_round_cohort(cfg, t) for t in range(1, cfg.rounds + 1)]
+    groups = None
+    if is_cyclic(cfg):   # client i is in group (its place in a random order) mod G
+        groups = np.empty(cfg.num_clients, dtype=np.int64)
+        groups[np_generator(cfg.seed, "participation-groups").permutation(cfg.num_clients)] = (
+            np.arange(cfg.num_clients) % cyclic_groups(cfg))
+    return [_round_cohort(cfg, t, groups) for t in range(1, cfg.rounds + 1)]
 
 
 def rounds_by_client(schedule: list[np.ndarray], num_clients: int) -> list[np.ndarray]:

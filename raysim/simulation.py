@@ -409,6 +409,9 @@ class Simulation:
             agg = self.server.aggregate(t, self.weights, shown) if results or self.cfg.privacy.unit == "client" else None
         if agg is not None:
             self.weights = agg.global_weights
+            snr = self.server.take_release_snr()   # a diagnostic of the un-noised sum: logged, never shown
+            if snr is not None:
+                agg.round_logs.setdefault("release_snr", snr)
         t2 = time.perf_counter()
         self.privacy.record_round(tasks, participants)
         if self.executor.overlaps:   # the clients train elsewhere: this process has time for the run's RDP curve

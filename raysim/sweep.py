@@ -197,14 +197,12 @@ def load_sweep(path: str | Path, overrides: Sequence[str] = (), data_root: str |
 
 
 def check_sweep(sweep: Sweep) -> None:
-    """Registry and privacy-plan checks for every run, before anything starts (cheap: no data is read)."""
-    from raysim.algorithms.registry import get_method
-    from raysim.experiment import check_config
-    from raysim.privacy.plan import resolve_clipping
+    """Registry and privacy-plan checks for every run, before anything starts (cheap: no data is read): each
+    run is planned as ``raysim run`` plans it (:func:`raysim.experiment.plan_run`, presets resolved first)."""
+    from raysim.experiment import plan_run
     for cfg in sweep.configs:
         try:
-            check_config(cfg)
-            resolve_clipping(get_method(cfg.method), cfg)
+            plan_run(cfg)
         except ValueError as exc:
             raise ConfigError(f"sweep run ({run_label(cfg)}): {exc}") from None
 

@@ -20,7 +20,7 @@ import torch
 
 from raysim.algorithms import flat
 from raysim.algorithms.uploads import Upload
-from raysim.config import Config
+from raysim.config import PREFIX_SUM_MECHANISMS, Config
 from raysim.messages import ClientResult, ClientTask, RoundPayload
 from raysim.noise import GaussianNoise
 
@@ -86,6 +86,12 @@ def fold_updates(cfg: Config, results: Sequence[ClientResult]) -> tuple[list[Cli
     return [r.without_delta() for r in results], total
 
 
+def _snr(signal: torch.Tensor, noise: torch.Tensor) -> float:
+    """‖signal‖ / ‖noise‖ in float64 (inf for noise of norm 0)."""
+    norm = float(torch.linalg.vector_norm(noise.double()))
+    return float(torch.linalg.vector_norm(signal.double())) / norm if norm > 0 else float("inf")
+
+
 def _shares(num_samples: Sequence[int]) -> np.ndarray:
     """FedAvg's weights n_i / Σ_j n_j."""
     n = np.array(num_samples, dtype=np.float64)
@@ -102,9 +108,12 @@ class Server:
     def __init__(self, ctx: MethodContext) -> None:
         self.ctx = ctx
         self.cfg = ctx.cfg
-        if ctx.client_level is not None and ctx.client_level.mechanism == "tree":
+        if ctx.client_level is not None and ctx.client_level.releases_prefix_sums:
             self.tree_anchor: torch.Tensor | None = None   # DP-FTRL: the weights the current pass started from
             self.tree_sum: torch.Tensor | None = None      # and the pass's exact sum of clipped updates so far
+        if ctx.client_level is not None and ctx.client_level.correlated:
+            #: blt, bandmf: the state of the noise (C⁻¹ z)_t, one step per round (checkpointed with the server)
+            self.noise_stream = ctx.client_level.new_stream(ctx.num_params)
 
     # --- privacy plan (used before round 1 to calibrate σ, and every round) ---------------
     @classmethod
@@ -116,7 +125,7 @@ class Server:
     def state_dict(self) -> dict[str, Any]:
         """Everything the strategy learned so far (ADPC's C, CRA's EMAs, momenta, controls, …): its
         attributes except the fixed context. A subclass whose state is not plain attributes overrides."""
-        return {k: v for k, v in vars(self).items() if k not in ("ctx", "cfg")}
+        return {k: v for k, v in vars(self).items() if k not in ("ctx", "cfg", "release_snr")}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         vars(self).update(state)
@@ -188,7 +197,7 @@ class Server:
                       total: torch.Tensor | None = None) -> Aggregate:
         """The client-level release (DP-FTRL's tree, else the Gaussian mean), from ``total`` = Σ_i clip_C(Δ_i)
         when the workers summed the updates, else from the results' updates."""
-        if self.ctx.client_level.mechanism == "tree":
+        if self.ctx.client_level.releases_prefix_sums:
             return Aggregate(self.tree_release(server_round, global_weights, results, total), self.uniform_logs(results))
         return Aggregate(global_weights + self.private_mean(server_round, results, total), self.uniform_logs(results), {})
 
@@ -197,6 +206,7 @@ class Server:
         """The round's client-level release: (Σ_i clip_C(Δ_i) + N(0, σ_Δ²C²I)) / k, the updates clipped by
         their clients, the noise drawn here from ``(seed, "server-dp-noise", round)`` and sized by the plan
         (``MethodContext.client_level``; k the expected cohort size, also for a cohort that came out empty).
+        Under blt and bandmf that draw is z_t, and the noise is σ·sens·C·(C⁻¹ z)_t (correlated across rounds).
         ``total``: Σ_i clip_C(Δ_i) as the workers summed it (:meth:`aggregate_sum`)."""
         plan = self.ctx.client_level
         if plan is None:
@@ -204,9 +214,15 @@ class Server:
         clip = self.clip_norm(server_round)
         if total is None:
             total = self.client_sum(results)
-        std = plan.update_noise_std(server_round, float(clip))
-        noise = GaussianNoise(self.cfg.train_seed, "server-dp-noise", server_round).vector(self.ctx.num_params, std)
-        return (total / plan.denominator + noise.double()).to(torch.float32)
+        if plan.correlated:   # blt, bandmf: the round's row of C⁻¹ z, z_t drawn from the round's stream
+            z = GaussianNoise(self.cfg.train_seed, "server-dp-noise", server_round).vector(self.ctx.num_params, 1.0)
+            noise = self.noise_stream.step(z) * plan.correlated_noise_std(float(clip))
+        else:
+            std = plan.update_noise_std(server_round, float(clip))
+            noise = GaussianNoise(self.cfg.train_seed, "server-dp-noise", server_round).vector(self.ctx.num_params, std)
+        mean = total / plan.denominator
+        self.release_snr = _snr(mean, noise)
+        return (mean + noise.double()).to(torch.float32)
 
     def client_sum(self, results: Sequence[ClientResult]) -> torch.Tensor:
         """Σ_i Δ_i in float64 (zeros for an empty cohort)."""
@@ -228,7 +244,14 @@ class Server:
             self.tree_sum = self.tree_sum + (self.client_sum(results) if total is None else total)
         std = plan.update_sigma * float(self.clip_norm(server_round))
         noise = plan.prefix_noise(self.cfg.train_seed, pass_index, slot + 1, std, self.ctx.num_params)
+        self.release_snr = _snr(self.tree_sum, noise)
         return (self.tree_anchor + (self.tree_sum + noise) / plan.denominator).to(torch.float32)
+
+    def take_release_snr(self) -> float | None:
+        """The last client-level release's signal-to-noise ratio, ‖un-noised aggregate‖ / ‖noise added to it‖,
+        once (None if no release was made since). A diagnostic for the rounds table, computed from the
+        un-noised sum: the simulation logs it and no server rule reads it."""
+        return vars(self).pop("release_snr", None)
 
     def uniform_logs(self, results: Sequence[ClientResult]) -> list[dict[str, float]]:
         """Client-level aggregation weights: 1/k for every participant (weights by n_i would make the
@@ -307,9 +330,9 @@ def client_level_any(cfg: Config) -> str | None:
 def client_level_gaussian(cfg: Config) -> str | None:
     """``MethodSpec.client_level`` of a method whose server rule needs each round's noised mean on its own
     (momentum, adaptive C): the client unit's Gaussian mechanism, not tree aggregation."""
-    if cfg.privacy.mechanism == "tree":
-        return ("its server rule takes each round's noised mean, while privacy.mechanism=tree releases "
-                "prefix sums; use privacy.mechanism=gaussian")
+    if cfg.privacy.mechanism in PREFIX_SUM_MECHANISMS:
+        return (f"its server rule takes each round's noised mean, while privacy.mechanism={cfg.privacy.mechanism} "
+                f"releases prefix sums; use privacy.mechanism=gaussian, blt or bandmf")
     return None
 
 

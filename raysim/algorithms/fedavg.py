@@ -13,7 +13,8 @@ FEDAVG = register(MethodSpec(
     name="fedavg", summary="FedAvg, non-private unless privacy.epsilon/noise_multiplier is set",
     source="McMahan et al., AISTATS 2017", server=Server, client=ClientHooks, private=False,
     client_level=client_level_any,
-    client_level_note="DP-FedAvg (McMahan et al., ICLR 2018); DP-FTRL with privacy.mechanism=tree"))
+    client_level_note="DP-FedAvg (McMahan et al., ICLR 2018); DP-FTRL with privacy.mechanism=tree; "
+                      "correlated noise with privacy.mechanism=blt|bandmf"))
 
 FEDSA = register(MethodSpec(
     name="fedsa", summary="DP-SGD with a fixed clip norm, FedAvg aggregation (= DP-FedAvg)",

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from raysim.algorithms.base import Aggregate, MethodContext, MethodSpec, Server, weighted_sum
+from raysim.algorithms.base import Aggregate, MethodContext, MethodSpec, Server, client_level_gaussian, weighted_sum
 from raysim.algorithms.clip_rules import (
     adpc_next_clip, denoise_update_norm, example_norm_histogram, histogram_edges, histogram_quantile,
     norm_quantile, normalized_lr_scale, pooled_histogram_quantile, update_norm_per_step,
@@ -204,8 +204,9 @@ def feddimdp_uploads(cfg: Config) -> tuple[Upload, ...]:
 def _client_level(cfg: Config) -> str | None:
     """LLDM is a model change and carries over; ADPC and CRA have no client-level form (docs/methods.md)."""
     on = [name for name in ("adpc", "cra") if cfg.feddimdp.on(name)]
-    if cfg.privacy.mechanism == "tree":
-        return "its server rule takes each round's noised mean; use privacy.mechanism=gaussian"
+    prefix = client_level_gaussian(cfg)
+    if prefix is not None:
+        return prefix
     if on:
         return (f"{' and '.join(c.upper() for c in on)} {'need' if len(on) > 1 else 'needs'} per-client statistics "
                 f"at the server (ADPC a histogram of per-example gradient norms, CRA each client's utility and "

@@ -42,6 +42,9 @@ def resolve_clipping(spec: MethodSpec, cfg: Config) -> str:
         if not dp_requested:
             raise ConfigError("privacy.unit=client needs privacy.epsilon (target ε) or privacy.noise_multiplier (σ)")
         spec.validate(cfg, UPDATE_CLIPPING)
+        from raysim.privacy.population import check_mechanism
+        check_mechanism(cfg, spec.server.sigma_schedule(cfg),
+                        any(u.release.kind == "joint" for u in spec.uploads(cfg)))
         check_uncovered(spec.uploads(cfg), UPDATE_CLIPPING, p.unit, p.allow_uncovered)   # fail closed
         return UPDATE_CLIPPING
     mode = p.clipping

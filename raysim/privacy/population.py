@@ -18,6 +18,16 @@ What each cohort implies for the accountant (dp-accounting does the maths):
   is one tree whose every node gets N(0, σ²C²) and each client enters one leaf of it; a pass is
   dp-accounting's ``SingleEpochTreeAggregationDpEvent`` (replace one client by a zero update, sensitivity
   C), and passes compose (``SelfComposedDpEvent``). No amplification by sampling is claimed. RDP only.
+* ``privacy.mechanism=bandmf`` (cyclic Poisson cohorts, :mod:`raysim.participation`): the noise of round t
+  is ``σC (C_b⁻¹ z)_t``, C_b the banded strategy with G bands (unit-norm columns) optimised for T rounds
+  (:mod:`raysim.privacy.mechanisms.bandmf`). A client's rounds are multiples of G apart, so each round it
+  can join is a Poisson-subsampled Gaussian of multiplier σ on its own column, ⌈T/G⌉ of them composed
+  (amplified BandMF, Choquette-Choo et al. 2023), under add/remove of one client. PLD or RDP.
+* ``privacy.mechanism=blt``: the noise of round t is ``σ·sens·C (C_blt⁻¹ z)_t``, C_blt the BLT optimised for
+  T rounds, participations G apart and at most ⌈T/G⌉ of them (:mod:`raysim.privacy.mechanisms.blt`), sens
+  its sensitivity under that participation. The whole run is one Gaussian mechanism of multiplier σ on
+  ``C_blt x``; no amplification by the Poisson draw within a group is claimed. After r rounds the release is
+  the first r rows, whose sensitivity sens_r is smaller: ε(r) is the Gaussian's at σ·sens/sens_r.
 
 Noise sized for a deployment (``privacy.noise_cohort_size`` k', ``privacy.population_size`` N'): σ' is
 calibrated for the deployment's cohort (q' = k'/N'), and the simulated average carries the deployment
@@ -31,24 +41,28 @@ one Gaussian of multiplier σ: (σ_Δ⁻² + (2σ_b)⁻²)^(−1/2) = σ.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 
-from raysim.config import Config, ConfigError
+from raysim.config import CYCLIC_MECHANISMS, PREFIX_SUM_MECHANISMS, Config, ConfigError
 from raysim.lazy import LazyModule
 from raysim.noise import GaussianNoise
-from raysim.participation import rounds_per_pass
+from raysim.participation import cyclic_groups, cyclic_rate, rounds_per_pass
+from raysim.privacy.mechanisms.bandmf import BandMFNoise, amplified_steps, optimize_bandmf
+from raysim.privacy.mechanisms.blt import BLT, BLTNoise, blt_max_loss, blt_sensitivity_squared, optimize_blt
+from raysim.privacy.mechanisms.toeplitz import max_participations
 from raysim.privacy.accounting import PrivacyLedger, StepEvent, compute_epsilon, smallest_noise
 
 dp_accounting = LazyModule("dp_accounting")
 rdp_privacy_accountant = LazyModule("dp_accounting.rdp.rdp_privacy_accountant")
 
-__all__ = ["ClientLevelPlan", "client_level_plan", "joint_update_sigma", "privacy_scope", "epsilon_scope",
-           "EPSILON_SCOPES", "ADAPTIVE_COUNT_DIVISOR"]
+__all__ = ["ClientLevelPlan", "client_level_plan", "check_mechanism", "joint_update_sigma", "privacy_scope",
+           "epsilon_scope", "EPSILON_SCOPES", "ADAPTIVE_COUNT_DIVISOR"]
 
 #: σ_b = k / ADAPTIVE_COUNT_DIVISOR by default (Andrew et al. 2021's choice, k the expected cohort size).
 ADAPTIVE_COUNT_DIVISOR = 20.0
@@ -83,10 +97,38 @@ class ClientLevelPlan:
     deployment: bool               # noise sized for privacy.noise_cohort_size / population_size
     accountant: str
     delta: float
+    groups: int = 0                # blt, bandmf: G, the cyclic groups (the minimum separation); 0 otherwise
+    rate: float = 1.0              # blt, bandmf: the Poisson rate within a group
+    strategy: Any = None           # bandmf: the band coefficients (unit norm); blt: the BLT; None otherwise
+    sensitivity: float = 1.0       # blt: the strategy's sensitivity over T rounds; 1 otherwise
+
+    @property
+    def releases_prefix_sums(self) -> bool:
+        """Whether a round's release is its pass's prefix sum (tree), not the round's noised mean."""
+        return self.mechanism in PREFIX_SUM_MECHANISMS
+
+    @property
+    def correlated(self) -> bool:
+        """Whether the round noise is correlated across rounds by a matrix factorisation (blt, bandmf)."""
+        return self.mechanism in CYCLIC_MECHANISMS
 
     @property
     def sample_rate(self) -> float:
+        if self.correlated:
+            return self.rate
         return 1.0 if self.sampling == "full" else self.cohort / self.population
+
+    def new_stream(self, size: int) -> Any:
+        """The correlated noise's streaming state for ``size`` coordinates (blt, bandmf)."""
+        if self.mechanism == "blt":
+            return BLTNoise(self.strategy.blt, size)
+        if self.mechanism == "bandmf":
+            return BandMFNoise(np.asarray(self.strategy), size)
+        raise ValueError(f"privacy.mechanism={self.mechanism} has no correlated noise stream")
+
+    def correlated_noise_std(self, clip_norm: float) -> float:
+        """The factor of ``(C⁻¹ z)_t`` in the averaged update: σ·sens·C/k."""
+        return self.update_sigma * self.sensitivity * float(clip_norm) / self.cohort
 
     def update_noise_std(self, server_round: int, clip_norm: float) -> float:
         """Std per coordinate of the noise on round ``server_round``'s averaged update (σ_Δ·C/k)."""
@@ -98,6 +140,9 @@ class ClientLevelPlan:
 
     def epsilon(self, rounds: int) -> float:
         """ε at δ after the first ``rounds`` rounds."""
+        if self.correlated:
+            return correlated_epsilon(self.mechanism, self.sigma, rounds, self.groups, self.rate, self.strategy,
+                                      self.delta, self.accountant)
         return epsilon_of(self.mechanism, self.sampling, self.population, self.cohort, self.per_pass,
                           [self.sigma * m for m in self.schedule[:rounds]], self.delta, self.accountant)
 
@@ -178,8 +223,70 @@ def epsilon_of(mechanism: str, sampling: str, population: int, cohort: int, per_
     return compute_epsilon([StepEvent(q, float(m), 1) for m in multipliers], delta, accountant)
 
 
+def correlated_epsilon(mechanism: str, sigma: float, rounds: int, groups: int, rate: float, strategy: Any,
+                       delta: float, accountant: str) -> float:
+    """ε at δ after the first ``rounds`` rounds of blt or bandmf (see the module docstring)."""
+    if rounds <= 0:
+        return 0.0
+    if sigma == 0.0:
+        return math.inf
+    if mechanism == "bandmf":
+        return compute_epsilon([StepEvent(rate, sigma, amplified_steps(rounds, groups))], delta, accountant)
+    full = strategy_sensitivity(strategy, strategy.rounds, groups)
+    return compute_epsilon([StepEvent(1.0, sigma * full / strategy_sensitivity(strategy, rounds, groups), 1)],
+                           delta, accountant)
+
+
+def strategy_sensitivity(blt: Any, rounds: int, groups: int) -> float:
+    """Sensitivity of the first ``rounds`` rows of the BLT strategy, participations ``groups`` apart."""
+    return math.sqrt(blt_sensitivity_squared(blt.blt, rounds, groups, max_participations(rounds, groups)))
+
+
+#: A BLT run starts with 1 buffer and adds one while the loss improves by more than this factor (at most 4).
+BLT_BUFFER_GAIN = 1.01
+BLT_MAX_BUFFERS = 4
+
+
+@dataclass(frozen=True)
+class BLTStrategy:
+    """A BLT optimised for a run: ``rounds`` T, its groups G (the minimum separation)."""
+
+    blt: BLT
+    rounds: int
+
+    @property
+    def buffers(self) -> int:
+        return self.blt.buffers
+
+
+@functools.lru_cache(maxsize=16)
+def blt_for(rounds: int, groups: int) -> BLTStrategy:
+    """The BLT for T rounds and participations G apart (at most ⌈T/G⌉): buffers added while they help.
+    A pure function of (T, G), kept for the process's later runs (a sweep, a resumed run)."""
+    k = max_participations(rounds, groups)
+    best, best_loss = BLT.build([], []), blt_max_loss(BLT.build([], []), rounds, groups, k)
+    for buffers in range(1, BLT_MAX_BUFFERS + 1):
+        try:
+            blt = optimize_blt(rounds, buffers, groups, k, init=best if best.buffers else None)
+        except RuntimeError:   # no feasible end point with this many buffers: keep the best so far
+            break
+        loss = blt_max_loss(blt, rounds, groups, k)
+        if not loss * BLT_BUFFER_GAIN < best_loss:
+            break
+        best, best_loss = blt, loss
+    return BLTStrategy(best, rounds)
+
+
+@functools.lru_cache(maxsize=16)
+def bandmf_for(rounds: int, bands: int) -> tuple[float, ...]:
+    """The BandMF coefficients for T rounds and b bands (a pure function, kept like :func:`blt_for`'s)."""
+    return tuple(float(c) for c in optimize_bandmf(rounds, bands))
+
+
 def _sampling(cfg: Config) -> str:
     """How the accounted cohorts are drawn (a deployment samples k' of N' every round: never full)."""
+    if cfg.privacy.mechanism in CYCLIC_MECHANISMS:
+        return "cyclic"
     if cfg.privacy.mechanism == "tree":
         return "shuffle"
     if cfg.clients_per_round is None:
@@ -192,6 +299,7 @@ ADJACENCY = {
     "full": "add/remove one client",
     "uniform": "replace one client (fixed-size cohorts)",
     "shuffle": "replace one client by a zero update",
+    "cyclic": "add/remove one client (its cyclic group fixed)",
 }
 
 
@@ -209,13 +317,31 @@ def epsilon_scope(cfg: Config) -> str:
     return "deployment" if cfg.privacy.noise_cohort_size is not None else "population"
 
 
+def participation_label(cfg: Config) -> str:
+    """How each round's clients are drawn, as the runs table names it."""
+    if cfg.clients_per_round is None and not (cfg.privacy.unit == "client" and cfg.privacy.mechanism in CYCLIC_MECHANISMS):
+        return "full (every client every round)"
+    if cfg.privacy.unit == "client" and cfg.privacy.mechanism in CYCLIC_MECHANISMS:
+        groups = cyclic_groups(cfg)
+        return (f"cyclic poisson: {groups} groups, round t draws group t mod {groups} at rate "
+                f"{cyclic_rate(cfg):.4g} (min separation {groups})")
+    if cfg.participation == "shuffle":
+        return f"shuffled passes of {rounds_per_pass(cfg)} rounds, {cfg.clients_per_round} clients a round"
+    if cfg.participation == "poisson":
+        return f"poisson at rate {cfg.clients_per_round / cfg.num_clients:.4g}"
+    return f"uniform: {cfg.clients_per_round} of {cfg.num_clients} without replacement"
+
+
 def privacy_scope(cfg: Config) -> dict[str, str]:
-    """The runs table's ``privacy_unit``, ``adjacency``, ``epsilon_scope`` (:func:`epsilon_scope`) and
-    ``epsilon_scope_detail`` (the scope in words) of ``cfg``: what its ε is for."""
+    """The runs table's ``privacy_unit``, ``adjacency``, ``privacy_mechanism``, ``participation``,
+    ``epsilon_scope`` (:func:`epsilon_scope`) and ``epsilon_scope_detail`` (the scope in words) of ``cfg``:
+    what its ε is for."""
     p = cfg.privacy
     scope = epsilon_scope(cfg)
     if p.unit == "example":
         return {"privacy_unit": "example", "adjacency": "add/remove one training example of one client",
+                "privacy_mechanism": "gaussian" if p.epsilon is not None or p.noise_multiplier is not None else "none",
+                "participation": participation_label(cfg),
                 "epsilon_scope": scope, "epsilon_scope_detail": "each client's own ε (the run's is the largest)"}
     sampling = _sampling(cfg)
     if scope == "deployment":
@@ -223,8 +349,20 @@ def privacy_scope(cfg: Config) -> dict[str, str]:
                   f"for it), not the simulated federation of {cfg.num_clients}")
     else:
         detail = f"the simulated population of {cfg.num_clients} clients"
-    return {"privacy_unit": "client", "adjacency": ADJACENCY[sampling], "epsilon_scope": scope,
-            "epsilon_scope_detail": detail}
+    return {"privacy_unit": "client", "adjacency": ADJACENCY[sampling], "privacy_mechanism": p.mechanism,
+            "participation": participation_label(cfg), "epsilon_scope": scope, "epsilon_scope_detail": detail}
+
+
+def check_mechanism(cfg: Config, schedule: Sequence[float], adaptive_count: bool) -> None:
+    """Refuse (one line) a method the mechanism cannot account: a σ that changes by round under a mechanism
+    accounted with one σ, or adaptive clipping's joint count beside correlated noise."""
+    p = cfg.privacy
+    if p.mechanism != "gaussian" and len(set(float(m) for m in schedule)) > 1:
+        raise ConfigError(f"privacy.mechanism={p.mechanism} takes one noise multiplier for every round; method "
+                          f"{cfg.method}'s noise schedule changes it")
+    if adaptive_count and p.mechanism in CYCLIC_MECHANISMS:
+        raise ConfigError(f"privacy.mechanism={p.mechanism}: adaptive clipping's count is accounted jointly with "
+                          f"independent Gaussian rounds only; use privacy.mechanism=gaussian")
 
 
 def client_level_plan(cfg: Config, schedule: Sequence[float], adaptive_count: bool,
@@ -239,9 +377,16 @@ def client_level_plan(cfg: Config, schedule: Sequence[float], adaptive_count: bo
     population = int(p.population_size) if deployment else cfg.num_clients
     simulated_k = cfg.clients_per_round if cfg.clients_per_round is not None else cfg.num_clients
     cohort = int(p.noise_cohort_size) if deployment else int(simulated_k)
-    if p.mechanism == "tree" and len(set(float(m) for m in schedule)) > 1:
-        raise ConfigError("privacy.mechanism=tree takes one noise multiplier for every round; this method's "
-                          "noise schedule changes it")
+    check_mechanism(cfg, schedule, adaptive_count)
+    groups = rate = 0
+    strategy, sensitivity = None, 1.0
+    if p.mechanism in CYCLIC_MECHANISMS:
+        groups, rate = cyclic_groups(cfg), cyclic_rate(cfg)
+        if p.mechanism == "bandmf":
+            strategy = bandmf_for(cfg.rounds, min(groups, cfg.rounds))
+        else:
+            strategy = blt_for(cfg.rounds, groups)
+            sensitivity = strategy_sensitivity(strategy, cfg.rounds, groups)
     per_pass = rounds_per_pass(cfg) if p.mechanism == "tree" else 0
     schedule = tuple(float(m) for m in schedule)
     if not adaptive_count:
@@ -252,6 +397,8 @@ def client_level_plan(cfg: Config, schedule: Sequence[float], adaptive_count: bo
         raise ValueError(f"the joint count's noise std must be > 0, got {count_std}")
 
     def eps(sigma: float) -> float:
+        if p.mechanism in CYCLIC_MECHANISMS:
+            return correlated_epsilon(p.mechanism, sigma, cfg.rounds, groups, rate, strategy, p.delta, p.accountant)
         return epsilon_of(p.mechanism, sampling, population, cohort, per_pass, [sigma * m for m in schedule],
                           p.delta, p.accountant)
 
@@ -262,4 +409,4 @@ def client_level_plan(cfg: Config, schedule: Sequence[float], adaptive_count: bo
     update_sigma = joint_update_sigma(sigma, 2.0 * count_std) if adaptive_count and sigma > 0 else sigma
     return ClientLevelPlan(p.mechanism, sampling, ADJACENCY[sampling], population, cohort, int(simulated_k),
                            cfg.rounds, per_pass, schedule, sigma, update_sigma, count_std, deployment,
-                           p.accountant, p.delta)
+                           p.accountant, p.delta, groups, float(rate) if groups else 1.0, strategy, sensitivity)

@@ -27,6 +27,8 @@ RUNS = pa.schema([
     ("epsilon", F64), ("delta", F64), ("noise_multiplier", F64),
     ("privacy_unit", STR),     # what ε protects: example (one example of one client) | client (one whole client)
     ("adjacency", STR),        # the neighbouring relation ε is for (client unit: implied by the cohorts)
+    ("privacy_mechanism", STR),    # the noise: gaussian (independent), tree, blt or bandmf (client unit)
+    ("participation", STR),    # how each round's clients are drawn (e.g. cyclic poisson, with its groups and rate)
     ("epsilon_scope", STR),    # whose ε it is: per-client | population | deployment (raysim.privacy.population)
     ("epsilon_scope_detail", STR),   # the same in words (the deployment's and the simulation's sizes)
     ("clipping", STR), ("accountant", STR), ("not_covered_by_epsilon", STR), ("num_params", I64),
@@ -49,6 +51,8 @@ ROUNDS_BASE = pa.schema([
     ("mean_train_loss", F64), ("round_seconds", F64),
     ("client_train_seconds", F64), ("communication_seconds", F64), ("aggregation_seconds", F64),
     ("accounting_seconds", F64), ("eval_seconds", F64),
+    # client unit: ‖un-noised aggregate‖ / ‖noise added to it‖ of the round's release (a simulation diagnostic)
+    ("release_snr", F64),
 ])
 
 #: Generic columns of the clients table.

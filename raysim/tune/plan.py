@@ -24,11 +24,9 @@ def config_for(tune: TuneSpec, contestant: Contestant, candidate: Candidate, see
 
 def _fixed_clip(tune: TuneSpec, contestant: Contestant) -> bool:
     """Whether ``privacy.clip_norm`` is a fixed C for this contestant (DP, and not adapted during the run)."""
-    from raysim.algorithms.registry import get_method, resolve_preset
-    from raysim.privacy.plan import resolve_clipping
-    cfg = resolve_preset(config_for(tune, contestant, Candidate(()), tune.final_seeds[0]))
-    spec = get_method(cfg.method)
-    return resolve_clipping(spec, cfg) != "none" and not spec.adaptive_clip(cfg)
+    from raysim.experiment import plan_run
+    plan = plan_run(config_for(tune, contestant, Candidate(()), tune.final_seeds[0]))
+    return plan.clipping != "none" and not plan.spec.adaptive_clip(plan.cfg)
 
 
 def space_of(tune: TuneSpec, contestant: Contestant) -> list[tuple[str, Any]]:

@@ -106,6 +106,13 @@ def test_adpc_read():
     assert len(rows) == 8 and all(len(r.split("|")) == 8 for r in rows)
 
 
+def test_correlated_noise():
+    rows = json.loads(_run("correlated_noise.py", "--rounds", "20", "--params", "1000", "--json"))
+    assert [r["mechanism"] for r in rows] == ["gaussian", "tree", "blt", "bandmf", "blt", "bandmf"]
+    assert all(r["sigma"] > 0 and r["plan_seconds"] > 0 for r in rows)
+    assert all((r["stream_step_ms"] is None) == (r["mechanism"] in ("gaussian", "tree")) for r in rows)
+
+
 def test_make_bench_runs_every_script():
     makefile = (REPO / "Makefile").read_text()
     target = makefile[makefile.index("\nbench:"):].split("\n\n")[0]

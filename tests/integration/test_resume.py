@@ -49,6 +49,13 @@ CLIENT_LEVEL = {
     "tree-client": dict(method="fedavg", num_clients=8, clients_per_round=3, participation="shuffle",
                         privacy__unit="client", privacy__mechanism="tree", privacy__accountant="rdp",
                         privacy__clip_norm=0.01),
+    # correlated noise: the BLT's buffers and BandMF's last noise vectors (two cyclic groups of 4 clients)
+    "blt-client": dict(method="fedavg", num_clients=8, clients_per_round=2, participation="poisson",
+                       privacy__unit="client", privacy__mechanism="blt", privacy__min_separation=2,
+                       privacy__clip_norm=0.01),
+    "bandmf-client": dict(method="fedavg", num_clients=8, clients_per_round=2, participation="poisson",
+                          privacy__unit="client", privacy__mechanism="bandmf", privacy__min_separation=2,
+                          privacy__clip_norm=0.01),
 }
 
 
@@ -122,8 +129,14 @@ def test_restart_ignores_the_checkpoint(tmp_path):
 @pytest.mark.parametrize("sets", [["method=feddimdp"],
                                   ["method=dp-fedavg-adaptive", "privacy.unit=client", "num_clients=30",
                                    "clients_per_round=10", "participation=poisson", "data.min_samples_per_client=10",
-                                   "privacy.clip_norm=0.01", "privacy.noise_multiplier=0.3"]],
-                         ids=["example", "client"])
+                                   "privacy.clip_norm=0.01", "privacy.noise_multiplier=0.3"],
+                                  ["method=fedavg", "privacy.unit=client", "privacy.mechanism=blt", "num_clients=30",
+                                   "clients_per_round=10", "participation=poisson", "data.min_samples_per_client=10",
+                                   "privacy.clip_norm=0.01", "privacy.min_separation=2"],
+                                  ["method=fedavg", "privacy.unit=client", "privacy.mechanism=bandmf", "num_clients=30",
+                                   "clients_per_round=10", "participation=poisson", "data.min_samples_per_client=10",
+                                   "privacy.clip_norm=0.01", "privacy.min_separation=2"]],
+                         ids=["example", "client", "blt", "bandmf"])
 def test_sigkilled_raysim_run_on_ray_resumes_bit_for_bit(tmp_path, sets):
     """SIGKILL the `raysim run` process (Ray, 10 actors) after round 2, rerun it, compare."""
     common = [sys.executable, "-m", "raysim.cli", "run", str(REPO / "experiments" / "quickstart.yaml"),

@@ -110,12 +110,12 @@ def test_summing_runs_wait_for_ray_instead_of_a_head_start(monkeypatch):
         assert first_run_head_starts(cfg, None) is not summed
 
 
-@pytest.mark.parametrize("mechanism", ["gaussian", "tree"])
+@pytest.mark.parametrize("mechanism", ["gaussian", "tree", "blt", "bandmf"])
 def test_client_level_releases_from_the_sum_in_one_process(mechanism):
-    """Under privacy.unit=client (DP-FedAvg, DP-FTRL) the serial executor's one sum gives the release
-    within one rounding of the per-update sum, the noise being the same draws."""
+    """Under privacy.unit=client (DP-FedAvg, DP-FTRL, BLT, BandMF) the serial executor's one sum gives the
+    release within one rounding of the per-update sum, the noise being the same draws."""
     base = dict(method="fedavg", num_clients=8, clients_per_round=3, rounds=2,
-                participation="shuffle" if mechanism == "tree" else "uniform",
+                participation={"tree": "shuffle", "gaussian": "uniform"}.get(mechanism, "poisson"),
                 runtime__checkpoint_every=1, privacy__unit="client", privacy__mechanism=mechanism,
                 privacy__accountant="rdp", privacy__noise_multiplier=1.0, privacy__clip_norm=0.5)
     start, per = _run(tiny_config(**base), SerialExecutor())

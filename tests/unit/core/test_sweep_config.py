@@ -164,3 +164,38 @@ def test_cluster_yaml_is_valid_for_ray_up():
     gpu = [t for t in types.values() if t.get("resources", {}).get("GPU", 0) > 0]
     cpu = [name for name, t in types.items() if name != cluster["head_node_type"] and not t.get("resources", {}).get("GPU")]
     assert gpu and cpu
+
+
+# A preset's switches are unset in the config as written; the run resolves them before it is checked, and so
+# must a sweep or a tune, or an unset switch reads as on.
+PRESET_CASES = [("feddimdp-no-adpc", {"privacy.clipping": "batch"}),
+                ("feddimdp-no-cra", {"cra.private_val_f1": False})]
+
+
+@pytest.mark.parametrize("method, sets", PRESET_CASES)
+def test_a_sweep_accepts_the_preset_configs_that_a_run_accepts(method, sets):
+    from raysim.experiment import plan_run
+    sweep = _expand({"method": [method], "seed": [0, 1]}, base={**BASE, "privacy": {"epsilon": 8.0}},
+                    cli=list(sets.items()))
+    check_sweep(sweep)
+    for cfg in sweep.configs:
+        plan = plan_run(cfg)
+        assert plan.cfg.feddimdp.on("adpc" if method.endswith("adpc") else "cra") is False
+        assert plan.clipping == sets.get("privacy.clipping", "per_sample")
+
+
+@pytest.mark.parametrize("method, sets", PRESET_CASES)
+def test_a_tune_accepts_the_preset_configs_that_a_run_accepts(tmp_path, capsys, method, sets):
+    spec = {"base": {**BASE, "privacy": {"epsilon": 8.0}, "data": {**BASE["data"], "server_holdout": 100}},
+            "methods": [{"method": method, "set": sets}], "space": {"lr": [0.05, 0.1]},
+            "tuning_seeds": [10], "final_seeds": [0, 1]}
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    assert main(["tune", str(path), "--results-dir", str(tmp_path / "r"), "--dry-run"]) == 0
+    assert "search: 2 runs, 0 done, 2 to run" in capsys.readouterr().out
+
+
+def test_a_sweep_still_refuses_a_preset_switch_set_against_the_preset():
+    with pytest.raises(ConfigError, match="feddimdp-no-adpc.*is the preset feddimdp.adpc=False"):
+        _expand({"method": ["feddimdp-no-adpc"]}, base={**BASE, "privacy": {"epsilon": 8.0}},
+                cli=[("feddimdp.adpc", True)])

@@ -200,3 +200,69 @@ def test_example_unit_run_ids_are_unchanged(method):
     assert run_id_for(cfg) == KNOWN_IDS[method]
     assert run_id_for(cfg.replace(privacy=cfg.privacy.__class__(**{**cfg.privacy.__dict__, "unit": "client"}))) \
         != KNOWN_IDS[method]
+
+
+# --- correlated noise: blt and bandmf on cyclic Poisson cohorts ----------------------------------------------
+
+def test_cyclic_cohorts_draw_each_round_from_one_group_so_a_clients_rounds_are_g_apart():
+    from raysim.participation import cyclic_groups, cyclic_rate, participation_schedule, rounds_by_client
+    cfg = client_cfg(mechanism="bandmf", min_separation=4, rounds=400)
+    assert (cyclic_groups(cfg), cyclic_rate(cfg)) == (4, 0.2)
+    schedule = participation_schedule(cfg)
+    for rounds in rounds_by_client(schedule, 1000):
+        assert np.all(np.diff(rounds) % 4 == 0)
+    groups = [{int(c) for t in range(g, 400, 4) for c in schedule[t]} for g in range(4)]
+    assert all(not (a & b) for i, a in enumerate(groups) for b in groups[i + 1:])      # disjoint groups
+    assert np.mean([len(c) for c in schedule]) == pytest.approx(50, rel=0.05)      # expected cohort k
+    assert cyclic_groups(client_cfg(mechanism="blt", rounds=3)) == 3                # min(N // k, T)
+
+
+@pytest.mark.parametrize("changes, key", [
+    (dict(mechanism="blt", participation="uniform"), "participation"),
+    (dict(mechanism="bandmf", min_separation=21), "privacy.min_separation"),
+    (dict(mechanism="gaussian", min_separation=2), "privacy.min_separation"),
+    (dict(mechanism="blt", noise_cohort_size=10, population_size=10_000), "privacy.noise_cohort_size"),
+])
+def test_pairings_without_accounting_are_refused_in_one_line(changes, key):
+    with pytest.raises(ConfigError, match=f"config key '{key}'") as info:
+        client_cfg(**changes)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("method, message", [("dp-fedavg-adaptive", "adaptive clipping's count"),
+                                             ("dp-acdn", "dp-acdn's noise schedule changes it")])
+def test_methods_correlated_noise_cannot_account_are_refused_before_the_run(method, message):
+    from raysim.experiment import plan_run
+    for mechanism in ("blt", "bandmf"):
+        with pytest.raises(ConfigError, match=message):
+            plan_run(client_cfg(mechanism=mechanism, rounds=6, method=method))
+    assert plan_run(client_cfg(mechanism="blt", rounds=6, method="fedacg")).clipping == "update"
+
+
+def test_bandmf_plan_is_amplified_bandmf_on_dp_accounting():
+    from raysim.privacy.mechanisms.bandmf import amplified_bandmf_event
+    cfg = client_cfg(mechanism="bandmf", min_separation=5, rounds=60, epsilon=None, noise_multiplier=0.8)
+    plan = client_level_plan(cfg, np.ones(60), adaptive_count=False)
+    assert plan.correlated and (plan.groups, plan.sample_rate) == (5, 0.25)
+    assert len(plan.strategy) == 5 and np.linalg.norm(plan.strategy) == pytest.approx(1.0)
+    acc = pld_privacy_accountant.PLDAccountant(
+        value_discretization_interval=pld_discretization_interval([StepEvent(0.25, 0.8, 12)]))
+    acc.compose(amplified_bandmf_event(0.8, 60, 5, 0.25))
+    assert plan.epsilon(60) == pytest.approx(acc.get_epsilon(1e-6), rel=1e-9)
+    assert plan.epsilon(1) < plan.epsilon(30) < plan.epsilon(60)
+    assert plan.correlated_noise_std(2.0) == pytest.approx(0.8 * 2.0 / 50)
+    scope = privacy_scope(cfg)
+    assert scope["privacy_mechanism"] == "bandmf" and scope["adjacency"].startswith("add/remove one client")
+    assert scope["participation"].startswith("cyclic poisson: 5 groups") and "rate 0.25" in scope["participation"]
+
+
+def test_blt_plan_is_one_gaussian_on_its_strategy_and_calibrates_to_the_target():
+    cfg = client_cfg(mechanism="blt", min_separation=4, rounds=20)
+    plan = client_level_plan(cfg, np.ones(20), adaptive_count=False)
+    assert plan.epsilon(20) == pytest.approx(8.0, rel=1e-3)
+    gaussian = pld_privacy_accountant.PLDAccountant()
+    gaussian.compose(dp_accounting.GaussianDpEvent(plan.sigma))
+    assert plan.epsilon(20) == pytest.approx(gaussian.get_epsilon(1e-6), rel=1e-3)
+    assert 1 <= plan.strategy.buffers <= 4 and plan.sensitivity > 1.0     # 5 participations, 4 apart
+    assert plan.epsilon(4) < plan.epsilon(12) < plan.epsilon(20)            # fewer rows: less sensitivity
+    assert plan.correlated_noise_std(1.0) == pytest.approx(plan.sigma * plan.sensitivity / 50)
