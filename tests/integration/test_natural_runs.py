@@ -12,7 +12,9 @@ import pytest
 from raysim.cli import main
 from raysim.config import config_from_dict, read_yaml
 from raysim.results import read_table
+from raysim.experiment import prepare
 from raysim.runtime import execute
+from raysim.tune import choose, parse_tune, search_runs
 from tests.conftest import REPO
 
 SHAKESPEARE = str(REPO / "experiments" / "paper" / "shakespeare.yaml")
@@ -67,17 +69,19 @@ def test_shakespeare_run_resumes_bit_for_bit(tmp_path):
         pd.testing.assert_frame_equal(a.drop(columns=timing), b.drop(columns=timing))
 
 
-def test_shakespeare_tune(tmp_path, capsys):
-    spec = tmp_path / "tune.yaml"
-    spec.write_text(json.dumps({
-        "name": "tune-shakespeare", "base": SHAKESPEARE,
+def test_shakespeare_tune_plans_and_chooses(tmp_path):
+    """``raysim tune``'s search on the preset, its runs executed in this process (the CLI runs them on Ray)."""
+    tune = parse_tune({
+        "base": SHAKESPEARE,
         "set": {"num_clients": 4, "clients_per_round": 2, "rounds": 1, "data.max_samples_per_user": 12,
                 "data.test_subsample": 40, "data.server_holdout": 20, "runtime.executor": "serial"},
         "methods": ["fedavg"], "space": {"lr": [0.4, 0.8]}, "tuning_seeds": [100], "final_seeds": [0],
-        "objective": "accuracy", "reference": "fedavg"}))
-    assert main(["tune", str(spec), "--results-dir", str(tmp_path / "r")]) == 0
-    tuning = read_table(str(tmp_path / "r"), "tuning")
-    assert set(tuning["stage"]) >= {"search", "final"} and (tuning["status"] == "completed").all()
+    }, name="tune-shakespeare", base_dir=tmp_path)
+    runs = search_runs(tune)
+    data = prepare(runs[0].cfg)
+    rows = {r.run_id: execute(r.cfg, str(tmp_path / "r"), data=data).row for r in runs}
+    assert len(rows) == 2 and all(np.isfinite(row["final_val_accuracy"]) for row in rows.values())
+    assert choose(tune, runs, rows) is not None
 
 
 def test_femnist_preset_on_leaf_files(tmp_path):
