@@ -602,10 +602,11 @@ def server_holdout_size(cfg: Config) -> int:
     return max(wanted, default=0)
 
 
-#: Privacy keys that enter a run's id only when set away from their default, so the ids of configs that
-#: do not use them stay what they were before the keys existed.
+#: Privacy and data keys that enter a run's id only when set away from their default, so the ids of configs
+#: that do not use them stay what they were before the keys existed.
 _HASHED_UNLESS_DEFAULT = (("unit", "example"), ("mechanism", "gaussian"), ("noise_cohort_size", None),
                           ("population_size", None), ("min_separation", None))
+_DATA_HASHED_UNLESS_DEFAULT = (("max_samples_per_user", None),)
 
 #: Runtime keys that change a run's results: the thread count moves sums in the last place (MKL splits
 #: small matmuls by it), and so does summing the updates on the actors (``sum_on_actors``, hashed only when
@@ -647,6 +648,9 @@ def result_hash(cfg: Config) -> str:
     for key, default in _HASHED_UNLESS_DEFAULT:
         if values["privacy"].get(key) == default:
             del values["privacy"][key]
+    for key, default in _DATA_HASHED_UNLESS_DEFAULT:
+        if values["data"].get(key) == default:
+            del values["data"][key]
     del values["plugins"]   # where the code comes from; the names it registers are in the config
     values["privacy"].pop("allow_uncovered", None)   # permits a release, changes no result
     if _SECTION_IN_USE:

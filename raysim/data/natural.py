@@ -10,7 +10,8 @@ Three data sets, each with a ``users`` column (:class:`~raysim.data.registry.Arr
 
 Each user's samples are split into train and test as LEAF's ``split_data.py -t sample`` does
 (:func:`split_user`), so both splits carry the same users. Built arrays go to the decoded-array cache
-(:mod:`raysim.data.cache`), keyed by the source files.
+(:mod:`raysim.data.cache`), keyed by the source files; :func:`load` returns them to
+:func:`raysim.data.registry.load_dataset`.
 """
 
 from __future__ import annotations
@@ -137,7 +138,8 @@ def split_user(name: str, user: str, n: int) -> tuple[np.ndarray, np.ndarray] | 
     return (train, test) if len(test) else None
 
 
-def _assemble(name: str, per_user: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, tuple]:
+def _assemble(name: str, per_user: dict[str, tuple[np.ndarray, np.ndarray]]
+              ) -> tuple[dict[str, tuple], tuple[str, ...]]:
     """{split: (x, y, users)} with each user's samples split by :func:`split_user`; users sorted by name,
     ``users`` indexing that sorted list (the same in both splits)."""
     kept = {}
@@ -229,26 +231,24 @@ def read_leaf(name: str, files: list[Path]) -> tuple[dict[str, tuple], tuple[str
     return _assemble(name, per_user)
 
 
-def load(info, split: str, root: str | None, cache_dir: str | None):
-    """One split of a natural data set as an :class:`~raysim.data.registry.ArrayDataset` with users;
-    built once from its sources and cached (x, y, users and the user names)."""
-    from raysim.data.registry import ArrayDataset
-    name = info.name
+def load(name: str, split: str, root: str | None, cache_dir: str | None
+         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]]:
+    """One split of a natural data set: (x, y, users, user names), built once from its sources and cached."""
     files = _play_files() if name == "shakespeare" else _leaf_files(name, root)
     folder = Path(cache_dir).expanduser() if cache_dir is not None else _cache.default_cache_dir()
     key = _cache.cache_key(name, "all", "natural", files)
     hit = _cache.load_natural(folder, name, split, key)
-    if hit is None:
-        if name == "shakespeare":
-            built, names = build_shakespeare([f.read_text(encoding="utf-8") for f in files])
-        else:
-            built, names = read_leaf(name, files)
-        for s, (x, y, users) in built.items():
-            _cache.save_natural(folder, name, s, key, x, y, users, names)
-        x, y, users = built[split]
-    else:
+    if hit is not None:
         x, y, users, names = hit
-    return ArrayDataset(x=x, y=y, info=info, users=users, user_names=tuple(names))
+        return x, y, users, tuple(names)
+    if name == "shakespeare":
+        built, names = build_shakespeare([f.read_text(encoding="utf-8") for f in files])
+    else:
+        built, names = read_leaf(name, files)
+    for s, (xs, ys, us) in built.items():
+        _cache.save_natural(folder, name, s, key, xs, ys, us, names)
+    x, y, users = built[split]
+    return x, y, users, tuple(names)
 
 
 def row_keys(x: np.ndarray, y: np.ndarray) -> np.ndarray:

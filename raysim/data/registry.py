@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from raysim.data import cache as _cache
+from raysim.data import natural as _natural
 from raysim.data import readers as _readers
 from raysim.config import ConfigError
 
@@ -189,8 +190,8 @@ def load_dataset(name: str, split: str, root: str | None, *, download: bool = Fa
     elif name == "digits":
         x, y = _readers.read_digits(split)
     elif name in _NATURAL:
-        from raysim.data import natural
-        return natural.load(DATASETS[name], split, root, cache_dir)
+        x, y, users, names = _natural.load(name, split, root, cache_dir)
+        return ArrayDataset(x=x, y=y, info=DATASETS[name], users=users, user_names=names)
     else:
         x, y = _load_files(name, split, root, download, cache_dir)
     return ArrayDataset(x=x, y=y, info=DATASETS[name])
