@@ -33,7 +33,9 @@ def server_holdout(cfg: Config, num_train: int) -> tuple[np.ndarray, np.ndarray]
     if size >= num_train:
         raise ConfigError(f"data.server_holdout={size} leaves no training data ({num_train} images)")
     held = np.sort(np_generator(cfg.seed, "server-holdout").choice(num_train, size, replace=False))
-    return held, np.setdiff1d(np.arange(num_train), held)
+    rest = np.ones(num_train, dtype=bool)
+    rest[held] = False                      # a mask, not setdiff1d: that hashes every index (3 s for 3.2M rows)
+    return held, np.flatnonzero(rest)
 
 
 def make_partition(cfg: Config, train: ArrayDataset) -> list[ClientData]:

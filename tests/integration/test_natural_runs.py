@@ -50,6 +50,7 @@ def test_shakespeare_run_resumes_bit_for_bit(tmp_path):
     values = read_yaml(SHAKESPEARE)
     values.update(num_clients=4, clients_per_round=2, rounds=3, eval_every=1)
     values["data"].update(max_samples_per_user=12, test_subsample=40)
+    values["privacy"] = {"noise_multiplier": 1.0, "delta": 1e-5}     # DP-SGD without σ's calibration
     values["runtime"] = {"executor": "serial"}
     cfg = config_from_dict(values)
     execute(cfg, str(tmp_path / "whole"))
@@ -74,7 +75,8 @@ def test_shakespeare_tune_plans_and_chooses(tmp_path):
     tune = parse_tune({
         "base": SHAKESPEARE,
         "set": {"num_clients": 4, "clients_per_round": 2, "rounds": 1, "data.max_samples_per_user": 12,
-                "data.test_subsample": 40, "data.server_holdout": 20, "runtime.executor": "serial"},
+                "data.test_subsample": 40, "data.server_holdout": 20, "privacy.epsilon": None,
+                "runtime.executor": "serial"},
         "methods": ["fedavg"], "space": {"lr": [0.4, 0.8]}, "tuning_seeds": [100], "final_seeds": [0],
     }, name="tune-shakespeare", base_dir=tmp_path)
     runs = search_runs(tune)
