@@ -129,6 +129,9 @@ def run_client_audit(cfg: Config, executor: Executor, canaries: int = 1000,
     cfg = resolve_preset(cfg)
     if cfg.privacy.unit != "client":
         raise ClientAuditError("the canary-client audit is for privacy.unit=client")
+    if cfg.privacy.mechanism not in ("gaussian", "tree"):
+        raise ClientAuditError(f"the canary-client audit draws its canaries as the gaussian mechanism's cohorts and "
+                               f"the tree's passes; privacy.mechanism={cfg.privacy.mechanism} is not audited")
     spec = get_method(cfg.method)
     kinds = {u.release.kind for u in spec.uploads(cfg)} - {"joint", "diagnostic"}
     if kinds:
