@@ -99,14 +99,15 @@ _PRETTY = {"cifar10": "CIFAR-10", "svhn": "SVHN", "stl10": "STL-10"}
 #: Data sets read by raysim.data.natural rather than the image readers.
 _NATURAL = ("femnist", "shakespeare", "leaf_shakespeare")
 
-#: Data sets registered from outside raysim: name -> loader(split, root) -> (x uint8 NHWC, y int64).
-_LOADERS: dict[str, Callable[[str, str | None], tuple[np.ndarray, np.ndarray]]] = {}
+#: Data sets registered from outside raysim: name -> loader(split, root) -> (x uint8 NHWC, y int64[, users]).
+_LOADERS: dict[str, Callable[[str, str | None], tuple]] = {}
 
 
-def register_dataset(info: DatasetInfo, loader: Callable[[str, str | None], tuple[np.ndarray, np.ndarray]]
-                     ) -> DatasetInfo:
+def register_dataset(info: DatasetInfo, loader: Callable[[str, str | None], tuple]) -> DatasetInfo:
     """Make ``data.name: info.name`` load ``loader(split, data.root)``: uint8 images (N, H, W, C) of
-    ``info``'s shape and int64 labels in [0, num_classes). Refuses a taken name."""
+    ``info``'s shape and int64 labels in [0, num_classes), and, for a data set with natural users
+    (``info.natural_users``), a third array: each row's user id (any strings or integers; the same id
+    names the same user in both splits). Refuses a taken name."""
     if info.name in DATASETS:
         raise ValueError(f"dataset {info.name!r} is already registered")
     DATASETS[info.name] = info
@@ -114,17 +115,29 @@ def register_dataset(info: DatasetInfo, loader: Callable[[str, str | None], tupl
     return info
 
 
-def _load_registered(name: str, split: str, root: str | None) -> tuple[np.ndarray, np.ndarray]:
+def _load_registered(name: str, split: str, root: str | None) -> ArrayDataset:
     info = DATASETS[name]
-    x, y = _LOADERS[name](split, root)
-    x, y = np.asarray(x), np.asarray(y)
+    loaded = tuple(_LOADERS[name](split, root))
+    if len(loaded) != (3 if info.natural_users else 2):
+        raise ValueError(f"dataset {name!r}: the loader returned {len(loaded)} arrays, expected "
+                         f"{'(x, y, users)' if info.natural_users else '(x, y)'} (DatasetInfo.natural_users="
+                         f"{info.natural_users})")
+    x, y = np.asarray(loaded[0]), np.asarray(loaded[1])
     if x.dtype != np.uint8 or x.shape[1:] != (info.image_size, info.image_size, info.channels):
         raise ValueError(f"dataset {name!r}: the loader returned {x.dtype} images of shape {x.shape[1:]}, expected "
                          f"uint8 ({info.image_size}, {info.image_size}, {info.channels})")
     if y.shape != (x.shape[0],) or y.min(initial=0) < 0 or y.max(initial=0) >= info.num_classes:
         raise ValueError(f"dataset {name!r}: the loader returned labels of shape {y.shape}, expected ({x.shape[0]},) "
                          f"in [0, {info.num_classes})")
-    return x, y.astype(np.int64)
+    if not info.natural_users:
+        return ArrayDataset(x=x, y=y.astype(np.int64), info=info)
+    ids = np.asarray(loaded[2]).astype(str)
+    if ids.shape != y.shape:
+        raise ValueError(f"dataset {name!r}: the loader returned {ids.shape[0] if ids.ndim else 0} user ids for "
+                         f"{y.shape[0]} rows")
+    names, users = np.unique(ids, return_inverse=True)
+    return ArrayDataset(x=x, y=y.astype(np.int64), info=info, users=users.astype(np.int32),
+                        user_names=tuple(str(n) for n in names))
 
 
 def dataset_names() -> list[str]:
@@ -186,8 +199,8 @@ def load_dataset(name: str, split: str, root: str | None, *, download: bool = Fa
     if split not in SPLITS:
         raise ConfigError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
     if name in _LOADERS:
-        x, y = _load_registered(name, split, root)
-    elif name == "digits":
+        return _load_registered(name, split, root)
+    if name == "digits":
         x, y = _readers.read_digits(split)
     elif name in _NATURAL:
         x, y, users, names = _natural.load(name, split, root, cache_dir)

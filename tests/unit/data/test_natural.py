@@ -245,3 +245,26 @@ def test_natural_partition_of_digits_is_one_line(capsys, tmp_path):
                  "--set", "data.partition=natural"])
     err = capsys.readouterr().err
     assert code == 2 and "needs a data set with natural users" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_registered_data_set_declares_its_users(monkeypatch):
+    from raysim.data import DatasetInfo, registry
+
+    def load(split, root):
+        rng = np.random.default_rng(0 if split == "train" else 1)
+        n = 60 if split == "train" else 20
+        x = rng.integers(0, 255, (n, 4, 4, 1), dtype=np.uint8)
+        return x, rng.integers(0, 3, n), np.array([f"writer{k % 5}" for k in range(n)])
+    info = DatasetInfo("writers_test", 3, 1, 4, (0.5,), (0.25,), natural_users=True)
+    monkeypatch.setitem(registry.DATASETS, info.name, info)
+    monkeypatch.setitem(registry._LOADERS, info.name, load)
+    train = load_dataset("writers_test", "train", None)
+    assert train.user_names == tuple(f"writer{k}" for k in range(5)) and np.bincount(train.users).tolist() == [12] * 5
+    cfg = config_from_dict({"num_clients": 5, "data": {"name": "writers_test", "partition": "natural",
+                                                       "min_samples_per_client": 1}})
+    clients = make_partition(cfg, train)
+    assert [c.user for c in clients] == list(train.user_names)
+
+    monkeypatch.setitem(registry._LOADERS, info.name, lambda split, root: load(split, root)[:2])
+    with pytest.raises(ValueError, match=r"expected \(x, y, users\)"):
+        load_dataset("writers_test", "train", None)
