@@ -17,6 +17,9 @@ from raysim.runtime import execute
 from raysim.tune import choose, parse_tune, search_runs
 from tests.conftest import REPO
 
+#: Simulations on the 3.2M-row Shakespeare arrays (about 30 s on 2 cores): in make test-cluster, not make test.
+pytestmark = pytest.mark.cluster
+
 SHAKESPEARE = str(REPO / "experiments" / "paper" / "shakespeare.yaml")
 FEMNIST = str(REPO / "experiments" / "paper" / "femnist.yaml")
 #: A federation small enough for a test: 4 roles of at most 12 windows, 2 a round, 2 rounds.
