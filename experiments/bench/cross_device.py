@@ -73,7 +73,8 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "experiments" / "paper" / "cross_device_cifar10.yaml"
 
 #: (key, row name, overrides)
-VARIANTS = [("nodp", "no DP", ["privacy.epsilon=null"]), ("record", "record-level DP (ε = 8)", []),
+VARIANTS = [("nodp", "no DP", ["privacy.epsilon=null", "privacy.unit=example"]),
+            ("record", "record-level DP (ε = 8)", ["privacy.unit=example"]),
             ("client", "client-level DP (ε = 8, noise of 1,000 out of 10⁶)",
              ["privacy.unit=client", "privacy.accountant=rdp", "privacy.noise_cohort_size=1000",
               "privacy.population_size=1000000"])]

@@ -34,7 +34,7 @@ def _sets(*values: str) -> list[str]:
 @pytest.mark.parametrize("unit", ["example", "client"])
 def test_shakespeare_preset_runs_in_both_units_and_reports(unit, tmp_path, capsys):
     results = tmp_path / "r"
-    extra = ["privacy.unit=client", "participation=poisson"] if unit == "client" else []
+    extra = [] if unit == "client" else ["privacy.unit=example", "participation=uniform"]   # the preset's: client
     assert main(["run", SHAKESPEARE, "--results-dir", str(results), *_sets(*TINY, *extra)]) == 0
     runs = read_table(str(results), "runs")
     assert runs["status"].tolist() == ["completed"] and runs["privacy_unit"].item() == unit
@@ -79,6 +79,7 @@ def test_shakespeare_tune_plans_and_chooses(tmp_path):
         "base": SHAKESPEARE,
         "set": {"num_clients": 4, "clients_per_round": 2, "rounds": 1, "data.max_samples_per_user": 12,
                 "data.test_subsample": 40, "data.server_holdout": 20, "privacy.epsilon": None,
+                "privacy.unit": "example",
                 "runtime.executor": "serial"},
         "methods": ["fedavg"], "space": {"lr": [0.4, 0.8]}, "tuning_seeds": [100], "final_seeds": [0],
     }, name="tune-shakespeare", base_dir=tmp_path)
