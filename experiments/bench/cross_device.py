@@ -300,7 +300,8 @@ def main() -> None:
     from raysim.runtime.driver import init_ray
 
     rounds = 1 + args.timed_rounds
-    base = make_config(args, variant_overrides(args, []), rounds)
+    # the floor and the data need no privacy settings: the no-DP variant's config plans them
+    base = make_config(args, variant_overrides(args, VARIANTS[0][2]), rounds)
     data = prepare(base)
     result: dict = {"dataset": args.dataset, "cpus": os.cpu_count(), "num_clients": base.num_clients,
                     "clients_per_round": base.clients_per_round, "batch_size": base.batch_size,
