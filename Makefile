@@ -25,17 +25,19 @@ install-dev: $(VENV)/.installed-dev
 run: install
 	$(BIN)/raysim run experiments/quickstart.yaml
 
-# Fast default suite (unit + single-process integration tests); `make test-cluster` runs the tests that
-# start Ray or other processes (clusters, kill-and-resume, subprocesses), `make test-slow` the long accountant grids.
+# Fast default suite (unit tests and the quick end-to-end ones); `make test-cluster` runs the simulation suites
+# (many runs each, in one process) and the tests that start Ray or other processes (clusters, kill-and-resume,
+# subprocesses), `make test-slow` the long accountant grids.
 # Two pytest workers (one per core here), whole files per worker so module fixtures are built once.
 test: install-dev
-	$(BIN)/python -m pytest -q -m "not slow and not cluster" -n 2 --dist loadfile --durations=15
+	$(BIN)/python -m pytest -q -m "not slow and not cluster and not simulation" -n 2 --dist loadfile --durations=15
 
 # ruff with the rule set in pyproject.toml (pycodestyle errors and warnings, pyflakes); CI runs it.
 lint: install-dev
 	$(BIN)/ruff check .
 
 test-cluster: install-dev
+	$(BIN)/python -m pytest -q -m "simulation and not cluster and not slow" -n 2 --dist loadfile
 	$(BIN)/python -m pytest -q -m "cluster and not slow"
 
 test-slow: install-dev

@@ -13,6 +13,8 @@ from raysim.runtime import execute
 from raysim.results import read_table
 from tests.helpers import tiny_config
 
+pytestmark = pytest.mark.simulation
+
 DP_METHODS = ("dp-acdn", "awdp-fl", "dp-fedavg-adaptive")
 NON_PRIVATE = ("fedprox", "scaffold")
 # Two equal iid clients share one σ calibration, which keeps these runs short.

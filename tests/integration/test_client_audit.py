@@ -17,6 +17,8 @@ from raysim.privacy.population import ClientLevelPlan
 from raysim.runtime.serial import SerialExecutor
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.simulation
+
 AUDIT = read_yaml(REPO / "experiments" / "audit_client.yaml")
 CLAIM = AUDIT["privacy"]["epsilon"]
 #: 30 rounds of cohorts of 2 real clients among about 25 canaries: enough rounds for a bug that hits one

@@ -16,6 +16,8 @@ from raysim.results import read_table
 from raysim.runtime import execute
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.simulation
+
 CLIENT_METHODS = [s.name for s in all_methods() if "client" in s.units() and s.preset_of is None]
 REFUSED = [s.name for s in all_methods() if "client" not in s.units()]
 CLIP = 0.05

@@ -10,6 +10,8 @@ from raysim.runtime import execute
 from raysim.results import read_table
 from tests.helpers import tiny_config
 
+pytestmark = pytest.mark.simulation
+
 
 TIMING = [c for c in ("round_seconds", "client_train_seconds", "communication_seconds", "aggregation_seconds",
                       "accounting_seconds", "eval_seconds", "client_seconds")]

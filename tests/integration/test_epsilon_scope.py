@@ -21,6 +21,8 @@ from raysim.messages import ClientResult
 from raysim.results import read_table
 from raysim.runtime import execute
 
+pytestmark = pytest.mark.simulation
+
 DEPLOYMENT = {"method": "fedavg", "rounds": 2, "seed": 0, "num_clients": 8, "clients_per_round": 4,
               "participation": "poisson", "batch_size": 10, "lr": 0.1,
               "privacy": {"unit": "client", "epsilon": 8.0, "noise_cohort_size": 1000, "population_size": 1_000_000,

@@ -11,6 +11,8 @@ from raysim.results import read_table
 from raysim.runtime import execute
 from tests.helpers import tiny_config
 
+pytestmark = pytest.mark.simulation
+
 
 METRICS = ["test_accuracy", "test_f1", "test_loss"]
 

@@ -14,6 +14,8 @@ from raysim.runtime import execute
 from raysim.results import read_table
 from tests.helpers import tiny_config
 
+pytestmark = pytest.mark.simulation
+
 COLUMNS = ["update_norm", "update_norm_per_step", "val_f1", "val_f1_ema", "update_norm_ema", "reliability",
            "nominal_weight", "deviation", "deviation_normalized", "robust_weight", "clip_norm", "frac_clipped",
            "epsilon", "example_norm_median", "example_norm_median_true"]

@@ -21,6 +21,8 @@ from tests.conftest import REPO
 from tests.helpers import tiny_config
 from tests.integration.test_determinism import TIMING, _tables
 
+pytestmark = pytest.mark.simulation
+
 QUICKSTART = str(REPO / "experiments" / "quickstart.yaml")
 SMOKE = str(REPO / "experiments" / "sweeps" / "smoke.yaml")
 ARGS = ["--set", "method=fedsa", "--set", "rounds=4"]

@@ -25,6 +25,8 @@ from raysim.results import read_table
 from raysim.results.schema import SCHEMAS
 from raysim.runtime import execute
 
+pytestmark = pytest.mark.simulation
+
 METHODS = [spec.name for spec in all_methods()]
 
 

@@ -21,6 +21,8 @@ from raysim.results import read_table
 from raysim.results.schema import SCHEMAS
 from raysim.runtime import execute
 
+pytestmark = pytest.mark.simulation
+
 
 # --------------------------------------------------------------------------- the method, in full
 

@@ -25,6 +25,8 @@ from raysim.runtime.serial import SerialExecutor
 from raysim.simulation import Simulation
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.simulation
+
 METHODS = [spec.name for spec in all_methods()]
 TIMING = ("round_seconds", "client_train_seconds", "communication_seconds", "aggregation_seconds",
           "accounting_seconds", "eval_seconds", "client_seconds")

@@ -21,6 +21,8 @@ from raysim.simulation import Simulation
 from raysim.state_store import tensor_bytes
 from tests.helpers import tiny_config
 
+pytestmark = pytest.mark.simulation
+
 
 TIMING = ("round_seconds", "client_train_seconds", "communication_seconds", "aggregation_seconds",
           "accounting_seconds", "eval_seconds", "client_seconds")

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from raysim.privacy.accounting import StepEvent
 from raysim.privacy.tuning import ORDERS, rdp_curve, rdp_from_json
 from raysim.results import read_table
 from raysim.runtime import execute
 from tests.helpers import tiny_config
+
+pytestmark = pytest.mark.simulation
 
 
 def test_rdp_epsilons_is_the_max_over_clients_of_their_curves(tmp_path):

@@ -28,6 +28,8 @@ from raysim.runtime import execute
 from raysim.results.schema import SCHEMAS
 from tests.helpers import tiny_config
 
+pytestmark = pytest.mark.simulation
+
 PAPER_ROWS = ["DP-FedSAM", "DP-ACDN", "FedACG", "AWDP-FL", "FedSA", "FedDimDP"]
 ABLATION_ROWS = ["FedDimDP", "FedDimDP w/o-CRA", "FedDimDP w/o-ADPC", "FedDimDP w/o-LLDM"]
 

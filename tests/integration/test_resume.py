@@ -18,6 +18,8 @@ from raysim.runtime import execute
 from tests.conftest import REPO
 from tests.helpers import tiny_config
 
+pytestmark = pytest.mark.simulation
+
 TIMING = ("round_seconds", "client_train_seconds", "communication_seconds", "aggregation_seconds",
           "accounting_seconds", "eval_seconds", "client_seconds")
 

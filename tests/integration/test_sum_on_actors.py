@@ -22,6 +22,8 @@ from raysim.runtime.serial import SerialExecutor
 from raysim.simulation import Simulation
 from tests.helpers import tiny_config
 
+pytestmark = pytest.mark.simulation
+
 TIMING = ("round_seconds", "client_train_seconds", "communication_seconds", "aggregation_seconds",
           "accounting_seconds", "eval_seconds", "client_seconds")
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 
 from raysim.experiment import prepare
 from raysim.runtime import execute
 from raysim.tune import choose, parse_tune, search_runs
+
+pytestmark = pytest.mark.simulation
 
 
 
