@@ -49,6 +49,15 @@ def test_shakespeare_preset_runs_in_both_units_and_reports(unit, tmp_path, capsy
     assert "shakespeare" in (results / "report" / "report.md").read_text()
 
 
+def test_shakespeare_preset_is_audited_with_canary_clients(tmp_path, capsys):
+    """``raysim audit`` on the preset (client unit): canary clients join the roles' cohorts."""
+    assert main(["audit", SHAKESPEARE, "--results-dir", str(tmp_path / "r"), "--canaries", "100", "--json",
+                 *_sets(*TINY)]) == 0
+    found = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert found["unit"] == "client" and found["canaries"] == 100
+    assert found["epsilon_accounted"] == pytest.approx(8.0, abs=1e-3) and not found["refutes"]
+
+
 def test_shakespeare_run_resumes_bit_for_bit(tmp_path):
     values = read_yaml(SHAKESPEARE)
     values.update(num_clients=4, clients_per_round=2, rounds=3, eval_every=1)
