@@ -99,7 +99,7 @@ class PrivacyConfig:
                                        # client (one whole client, DP-FedAvg: each update clipped, noised once)
     mechanism: str = "gaussian"        # client unit: gaussian (noised cohort sum, sampled cohorts) | tree (DP-FTRL) |
                                        # blt (Buffered Linear Toeplitz) | bandmf (banded matrix factorisation)
-    min_separation: int | None = None  # blt, bandmf: G cyclic groups of clients, round t draws from group t mod G
+    min_separation: int | None = None  # blt, bandmf: G cyclic groups of clients, round t draws from group (t - 1) mod G
                                        # (BandMF's bands); None: min(N // k, rounds)
     noise_cohort_size: int | None = None   # client unit: k' of a deployment the noise is sized for (with
     population_size: int | None = None     # population_size N'); ε is then the deployment's

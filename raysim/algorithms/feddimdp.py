@@ -126,7 +126,7 @@ class CRAParams:
     private_val_f1: bool = True        # noise q_i and account it in the same ledger (false: q_i uploaded as is,
                                        # needs privacy.allow_uncovered: [cra.local_val_f1]; docs/methods.md)
     val_f1_noise_multiplier: float = 20.0  # σ of the q_i release: noise std = σ · sensitivity
-    val_f1_sensitivity: float = 1.0    # macro-F1 ∈ [0, 1]; 1 is the safe worst-case bound
+    val_f1_sensitivity: float = 1.0    # macro-F1 ∈ [0, 1], so 1 bounds its sensitivity; >= 1 (a larger value adds noise)
 
     def check(self, cfg: Config) -> None:
         check_choice("cra.utility", self.utility, ("local_val_f1", "server_val_f1"))
@@ -145,8 +145,9 @@ class CRAParams:
             fail("cra.val_f1_noise_multiplier", f"must be > 0 while cra.private_val_f1 is true (to upload q_i "
                                                 f"un-noised, set cra.private_val_f1=false and opt in by name), "
                                                 f"got {self.val_f1_noise_multiplier}")
-        if not self.val_f1_sensitivity > 0:
-            fail("cra.val_f1_sensitivity", f"must be > 0 (the noise std is σ times it), got {self.val_f1_sensitivity}")
+        if not self.val_f1_sensitivity >= 1:
+            fail("cra.val_f1_sensitivity", f"must be >= 1: q_i is a macro-F1 in [0, 1], so one client's q_i can move "
+                                           f"by 1, and the noise std is σ times this bound; got {self.val_f1_sensitivity}")
 
     def holdout_default(self) -> int:
         """Images of the public server hold-out when ``data.server_holdout`` is unset."""

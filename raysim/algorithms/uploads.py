@@ -55,13 +55,14 @@ ACCOUNTED: dict[str, tuple[str, ...]] = {"example": ("gaussian", "post_processin
 #: Values computed from private data that every DP run logs (clients and rounds tables) and that are not
 #: uploads: the simulation strips them from the results before the server aggregates
 #: (``raysim.messages.ClientResult.server_view``) and writes them into the log rows only.
-LOGGED_PRIVATE = ("train_loss, frac_clipped, client_seconds (clients table)", "mean_train_loss (rounds table)")
+LOGGED_PRIVATE = ("train_loss, frac_clipped, client_seconds (clients table)",
+                  "mean_train_loss, client_train_seconds (rounds table)")
 
 #: What the client unit's log rows hold besides (its adjacency protects a client's membership and all its
 #: data): who trained in each round and their updates before the server's noise. The trusted server
 #: receives the clipped updates; only the noised release leaves it.
 LOGGED_PRIVATE_CLIENT_UNIT = ("which clients trained in each round (the clients table's rows, with num_samples, "
-                              "num_steps and update_norm)", "participants (rounds table)")
+                              "num_steps and update_norm)", "participants, release_snr (rounds table)")
 
 
 def logged_private(unit: str) -> tuple[str, ...]:

@@ -65,13 +65,15 @@ def cmd_audit(args: argparse.Namespace) -> int:
     report = record_level_audit(cfg, canaries=args.canaries if args.canaries is not None else 10000,
                                 guess_fraction=args.guess_fraction if args.guess_fraction is not None else 0.1)
     caveat = get_method(cfg.method).audit_caveat
+    # whose ε: the audited client's own DP-SGD releases (the run's per-client ε, less its side channels)
+    scope = "per-client: the audited client's DP-SGD releases"
     if args.json:
-        print(json.dumps({**report.as_dict(), "caveat": caveat}))
+        print(json.dumps({**report.as_dict(), "caveat": caveat, "epsilon_scope": "per-client"}))
         return 0
     r = report.dp_sgd
     print(f"{cfg.method} DP-SGD ({r.clipping} clipping, canaries via {r.path}, σ = {r.noise_multiplier:.4f}, "
           f"{r.steps} steps): ε_lb = {r.epsilon_lower_bound:.3f} (95 % confidence) against accounted ε = "
-          f"{r.epsilon_accounted:.3f} at δ = {r.delta:g}; {r.correct}/{r.guesses} guesses right over {r.canaries} "
+          f"{r.epsilon_accounted:.3f} ({scope}) at δ = {r.delta:g}; {r.correct}/{r.guesses} guesses right over {r.canaries} "
           f"canaries; ceiling {r.epsilon_ceiling:.3f} (the ε_lb of every guess right: a claim above it cannot be "
           f"refuted by this audit)")
     print(f"  with the threshold chosen on the scores (one-sided guesses, Bonferroni over the thresholds): "

@@ -111,7 +111,7 @@ def privacy_statement(tune: Any, table: list[dict[str, Any]], deltas: Mapping[st
                    f"{'; '.join(opted)}.")
     if not tune.private:
         cands = len({(r["contestant"], r["candidate"]) for r in search})
-        return (f"Privacy: ε above is per training run; the tuning's privacy cost is NOT included (the field's common "
+        return (f"Privacy: each training run's ε (the tuning table's epsilon column) is that run's alone; the tuning's privacy cost is NOT included (the field's common "
                 f"practice). {cands} candidate configurations were trained on the clients' data on "
                 f"{len(tune.tuning_seeds)} tuning seed(s) ({len(search)} training runs), before the "
                 f"{len(tune.final_seeds)} final seeds." + whose + caveat)

@@ -294,6 +294,12 @@ def _sampling(cfg: Config) -> str:
     return cfg.participation
 
 
+def keeps_rdp_curve(cfg: Config) -> bool:
+    """Whether a client-unit run's rounds are Poisson-subsampled (or full) Gaussian releases, the only ones
+    whose RDP curve it keeps (``runs.rdp_epsilons``, what a private tune composes)."""
+    return cfg.privacy.mechanism == "gaussian" and _sampling(cfg) in ("poisson", "full")
+
+
 ADJACENCY = {
     "poisson": "add/remove one client",
     "full": "add/remove one client",
@@ -323,7 +329,7 @@ def participation_label(cfg: Config) -> str:
         return "full (every client every round)"
     if cfg.privacy.unit == "client" and cfg.privacy.mechanism in CYCLIC_MECHANISMS:
         groups = cyclic_groups(cfg)
-        return (f"cyclic poisson: {groups} groups, round t draws group t mod {groups} at rate "
+        return (f"cyclic poisson: {groups} groups, round t draws group (t - 1) mod {groups} at rate "
                 f"{cyclic_rate(cfg):.4g} (min separation {groups})")
     if cfg.participation == "shuffle":
         return f"shuffled passes of {rounds_per_pass(cfg)} rounds, {cfg.clients_per_round} clients a round"

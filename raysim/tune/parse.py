@@ -154,9 +154,17 @@ def parse_tune(spec: Mapping[str, Any], *, name: str, base_dir: Path = Path(".")
     for c in contestants:   # the base config and a candidate of every contestant must be valid before anything runs
         cfg = config_for(tune, c, Candidate(()), final_seeds[0])
         try:
-            check_config(cfg)
+            cfg = check_config(cfg)
         except ValueError as exc:
             raise ConfigError(f"tune contestant {c.label}: {exc}") from None
+        if private and cfg.privacy.unit == "client":
+            from raysim.privacy.population import keeps_rdp_curve
+            if not keeps_rdp_curve(cfg):
+                raise ConfigError(f"tune contestant {c.label}: private tuning composes each run's RDP curve, and "
+                                  f"privacy.unit=client keeps one only for privacy.mechanism=gaussian with Poisson "
+                                  f"or full cohorts; this one has privacy.mechanism={cfg.privacy.mechanism} and "
+                                  f"participation={cfg.participation}: set privacy.mechanism=gaussian and "
+                                  f"participation=poisson")
         config_for(tune, c, candidates(tune, c)[0], final_seeds[0])
         if not cfg.data.server_holdout:
             raise ConfigError("tune: the validation set is the public server hold-out; set data.server_holdout > 0 "

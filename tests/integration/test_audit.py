@@ -123,8 +123,8 @@ def test_cli_prints_the_bound_next_to_the_accounted_epsilon(capsys):
     args = ["audit", str(QUICKSTART), "--set", "method=fedsa", "--set", "privacy.epsilon=2", "--canaries", str(CANARIES)]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "ε_lb = " in out and "accounted ε = 2.000" in out and "/400 guesses" in out and "layer conv1" in out
-    assert "caveat" not in out
+    assert "ε_lb = " in out and "accounted ε = 2.000 (per-client: the audited client's DP-SGD releases)" in out
+    assert "/400 guesses" in out and "layer conv1" in out and "caveat" not in out
     assert main(["audit", str(QUICKSTART), "--set", "method=scaffold", "--set", "privacy.epsilon=2", "--set", "rounds=1",
                  "--canaries", "200"]) == 0
     assert "caveat (scaffold): from round 2 on" in capsys.readouterr().out

@@ -51,8 +51,9 @@ def test_the_refusal_says_why_in_one_line():
 def test_the_client_units_log_list_names_what_the_simulation_keeps():
     text = not_covered_text((), "update", "client")
     assert text.startswith("logged by the simulation only, never released: ")
-    for value in ("train_loss", "frac_clipped", "client_seconds", "mean_train_loss (rounds table)", "update_norm",
-                  "participants (rounds table)", "which clients trained in each round"):
+    for value in ("train_loss", "frac_clipped", "client_seconds", "mean_train_loss, client_train_seconds (rounds "
+                  "table)", "update_norm", "participants, release_snr (rounds table)",
+                  "which clients trained in each round"):
         assert value in text
     example = not_covered_text((), "per_sample", "example")
     assert example.startswith("logged by the simulation only, never uploaded: ") and "participants" not in example

@@ -31,7 +31,8 @@ def test_defaults_are_valid_and_frozen():
     ({"cra": {"eta_g": 0}}, "'cra.eta_g': must be > 0"),
     # A zero σ or sensitivity would upload q_i un-noised under a Gaussian release's label.
     ({"cra": {"val_f1_noise_multiplier": 0}}, "'cra.val_f1_noise_multiplier': must be > 0"),
-    ({"cra": {"val_f1_sensitivity": 0}}, "'cra.val_f1_sensitivity': must be > 0"),
+    ({"cra": {"val_f1_sensitivity": 0}}, "'cra.val_f1_sensitivity': must be >= 1"),
+    ({"cra": {"val_f1_sensitivity": 0.5}}, "'cra.val_f1_sensitivity': must be >= 1"),
     ({"model": "resnet50"}, "'model': unknown value 'resnet50'; choose one of cnn, resnet18_gn, wrn16_4"),
 ])
 def test_bad_values_name_the_key(values, fragment):

@@ -260,3 +260,18 @@ def test_private_statement_takes_delta_per_contestant_and_says_what_is_not_cover
     text = privacy_statement(tune, scoped, {"fedsa": 1e-5, "feddimdp": 1e-6}, {})
     assert "fedsa ε ≤ 3.200 (deployment) at δ = 1e-05" in text and "feddimdp ε ≤ 4.100 (per-client) at δ" in text
     assert "Whose ε (epsilon_scope): fedsa: deployment; feddimdp: per-client." in text
+
+
+@pytest.mark.parametrize("privacy, participation, ok", [
+    ({}, "poisson", True),
+    ({}, "uniform", False),                                          # fixed-size cohorts: replace-one, no curve
+    ({"mechanism": "tree", "accountant": "rdp"}, "shuffle", False),
+])
+def test_private_mode_under_the_client_unit_needs_poisson_gaussian_rounds(privacy, participation, ok):
+    base = {**BASE, "num_clients": 8, "clients_per_round": 2, "participation": participation,
+            "privacy": {"epsilon": 8.0, "unit": "client", "accountant": "rdp", **privacy}}
+    if ok:
+        assert private_spec(base=base, methods=["fedavg"], reference=None).private
+        return
+    with pytest.raises(ConfigError, match="private tuning composes each run's RDP curve"):
+        private_spec(base=base, methods=["fedavg"], reference=None)
