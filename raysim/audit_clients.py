@@ -36,7 +36,7 @@ clients hold.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -48,7 +48,7 @@ from raysim.experiment import prepare
 from raysim.messages import ClientTask
 from raysim.privacy.accounting import AccountingError
 from raysim.privacy.audit_bound import epsilon_two_gaussians, score_audit, score_audit_ceiling
-from raysim.privacy.population import epsilon_of
+from raysim.privacy.mechanisms.registry import get_mechanism
 from raysim.rng import np_generator, torch_generator
 from raysim.simulation import Executor, Simulation, TrainingDiverged
 
@@ -105,9 +105,10 @@ def audited_epsilon(cfg: Config, plan: Any) -> tuple[float, str]:
     sampling = "full" if cfg.clients_per_round is None else cfg.participation
     sigma = plan.sigma * plan.denominator / plan.cohort
     for accountant in dict.fromkeys((plan.accountant, "rdp")):
+        simulated = replace(plan, sampling=sampling, population=cfg.num_clients, cohort=plan.denominator,
+                            accountant=accountant)
         try:
-            return float(epsilon_of(plan.mechanism, sampling, cfg.num_clients, plan.denominator, plan.per_pass,
-                                    [sigma * m for m in plan.schedule], plan.delta, accountant)), accountant
+            return float(plan.spec.epsilon(simulated, sigma, len(plan.schedule))), accountant
         except AccountingError:
             continue
     raise ClientAuditError(f"no accountant gives the simulated clients' ε at σ = {sigma:.4g}")
@@ -129,7 +130,7 @@ def run_client_audit(cfg: Config, executor: Executor, canaries: int = 1000,
     cfg = resolve_preset(cfg)
     if cfg.privacy.unit != "client":
         raise ClientAuditError("the canary-client audit is for privacy.unit=client")
-    if cfg.privacy.mechanism not in ("gaussian", "tree"):
+    if not get_mechanism(cfg.privacy.mechanism).canary_audit:
         raise ClientAuditError(f"the canary-client audit draws its canaries as the gaussian mechanism's cohorts and "
                                f"the tree's passes; privacy.mechanism={cfg.privacy.mechanism} is not audited")
     spec = get_method(cfg.method)
@@ -153,7 +154,7 @@ def run_client_audit(cfg: Config, executor: Executor, canaries: int = 1000,
     inserted = [0]
 
     def round_order(server_round: int, participants: list[int]) -> list[int]:
-        if plan.mechanism == "tree":   # once a pass, in the round of the pass its own shuffle gives it
+        if plan.releases_prefix_sums:   # tree: once a pass, in the round of the pass its own shuffle gives it
             pass_index, slot = divmod(server_round - 1, plan.per_pass)
             slots = np_generator(cfg.seed, "audit-canary-pass", pass_index).integers(0, plan.per_pass, len(member_ids))
             chosen = member_ids[slots == slot]
@@ -176,7 +177,7 @@ def run_client_audit(cfg: Config, executor: Executor, canaries: int = 1000,
         before = anchor = start
         for record in sim.run():
             changes.append((sim.weights - before).double())
-            if plan.mechanism == "tree":   # the pass's prefix sum so far, as released
+            if plan.releases_prefix_sums:   # tree: the pass's prefix sum so far, as released
                 if (record.server_round - 1) % plan.per_pass == 0:
                     anchor = before
                 if (record.server_round - 1) % plan.per_pass > 0:

@@ -24,8 +24,7 @@ import yaml
 
 __all__ = ["ConfigError", "Config", "register_section", "method_sections", "fail", "check_choice", "load_config", "config_from_dict", "apply_overrides", "config_to_dict",
            "config_hash", "parse_override", "run_id_for", "result_hash", "CLIPPING_MODES", "PARTICIPATION_MODES",
-           "MODEL_NAMES", "PRIVACY_UNITS", "CLIENT_MECHANISMS",
-           "CYCLIC_MECHANISMS", "PREFIX_SUM_MECHANISMS"]
+           "MODEL_NAMES", "PRIVACY_UNITS", "DEFAULT_MECHANISM"]
 
 #: ``participation`` modes (R): how a round's clients are drawn when ``clients_per_round`` is set
 #: (``shuffle``: consecutive cohorts of one shuffled pass over the population after another).
@@ -33,13 +32,10 @@ PARTICIPATION_MODES = ("uniform", "poisson", "shuffle")
 
 #: ``privacy.unit``: what a run's ε protects.
 PRIVACY_UNITS = ("example", "client")
-#: ``privacy.mechanism`` under ``privacy.unit=client``.
-CLIENT_MECHANISMS = ("gaussian", "tree", "blt", "bandmf")
-#: The client-unit mechanisms whose noise is correlated across rounds by a matrix factorisation; their
-#: cohorts come from cyclic groups (``privacy.min_separation``), so that a client's rounds are that far apart.
-CYCLIC_MECHANISMS = ("blt", "bandmf")
-#: The client-unit mechanisms whose release is each pass's prefix sums, not each round's noised mean.
-PREFIX_SUM_MECHANISMS = ("tree",)
+#: ``privacy.mechanism``'s default, the only value under ``privacy.unit=example`` (DP-SGD's Gaussian noise).
+#: Under ``privacy.unit=client`` it names a registered mechanism object
+#: (:mod:`raysim.privacy.mechanisms.registry`), which the checks below ask what it accepts.
+DEFAULT_MECHANISM = "gaussian"
 
 #: ``privacy.clipping`` modes once resolved (``auto`` resolves to one of them).
 CLIPPING_MODES = ("per_sample", "batch", "none")
@@ -97,7 +93,7 @@ class PrivacyConfig:
     engine: str = "bk"                 # per-sample gradient engine
     unit: str = "example"              # what ε protects: example (one training example of one client, DP-SGD) |
                                        # client (one whole client, DP-FedAvg: each update clipped, noised once)
-    mechanism: str = "gaussian"        # client unit: gaussian (noised cohort sum, sampled cohorts) | tree (DP-FTRL) |
+    mechanism: str = DEFAULT_MECHANISM  # client unit: gaussian (noised cohort sum, sampled cohorts) | tree (DP-FTRL) |
                                        # blt (Buffered Linear Toeplitz) | bandmf (banded matrix factorisation)
     min_separation: int | None = None  # blt, bandmf: G cyclic groups of clients, round t draws from group (t - 1) mod G
                                        # (BandMF's bands); None: min(N // k, rounds)
@@ -419,16 +415,21 @@ def validate(cfg: Config) -> Config:
 
 
 def _check_unit(cfg: Config) -> None:
-    """The client-unit keys: only under ``privacy.unit=client``, and consistent with the cohorts."""
+    """The client-unit keys: only under ``privacy.unit=client``, and consistent with the cohorts. The
+    mechanism object (:mod:`raysim.privacy.mechanisms.registry`, imported here: it is light) says what it
+    accepts."""
+    from raysim.privacy.mechanisms.registry import get_mechanism, mechanisms
     p = cfg.privacy
     _choice("privacy.unit", p.unit, PRIVACY_UNITS)
-    _choice("privacy.mechanism", p.mechanism, CLIENT_MECHANISMS)
+    _choice("privacy.mechanism", p.mechanism, tuple(m.name for m in mechanisms()))
+    mech = get_mechanism(p.mechanism)
     deployment = (p.noise_cohort_size, p.population_size)
-    if p.min_separation is not None and p.mechanism not in CYCLIC_MECHANISMS:
-        _fail("privacy.min_separation", f"sets the cyclic groups of privacy.mechanism={'|'.join(CYCLIC_MECHANISMS)}; "
+    if p.min_separation is not None and not mech.cyclic:
+        cyclic = "|".join(m.name for m in mechanisms() if m.cyclic)
+        _fail("privacy.min_separation", f"sets the cyclic groups of privacy.mechanism={cyclic}; "
                                         f"this run's mechanism is {p.mechanism}")
     if p.unit == "example":
-        if p.mechanism != "gaussian":
+        if p.mechanism != DEFAULT_MECHANISM:
             _fail("privacy.mechanism", f"{p.mechanism} needs privacy.unit=client (it protects whole clients)")
         for key, value in zip(("noise_cohort_size", "population_size"), deployment):
             if value is not None:
@@ -446,33 +447,29 @@ def _check_unit(cfg: Config) -> None:
         if p.population_size < cfg.num_clients:
             _fail("privacy.population_size", f"the deployment must be at least the simulated federation "
                                              f"(num_clients={cfg.num_clients}), got {p.population_size}")
-        if p.mechanism != "gaussian":
-            _fail("privacy.noise_cohort_size", "noise sized for a deployment is for privacy.mechanism=gaussian")
-    if p.mechanism == "tree" and cfg.participation != "shuffle":
-        _fail("participation", "privacy.mechanism=tree (DP-FTRL) takes each client at most once per pass over "
-                               "a shuffled population: set participation=shuffle")
-    if p.mechanism in CYCLIC_MECHANISMS:
-        _check_cyclic(cfg)
-    if p.mechanism == "gaussian" and cfg.participation == "shuffle":
-        _fail("participation", "shuffle has no amplification to account under privacy.mechanism=gaussian; "
-                               "use poisson or uniform, or privacy.mechanism=tree")
+        if not mech.deployment:
+            sized = "|".join(m.name for m in mechanisms() if m.deployment)
+            _fail("privacy.noise_cohort_size", f"noise sized for a deployment is for privacy.mechanism={sized}")
+    if mech.cyclic:
+        _check_cyclic(cfg, mech)
+    elif cfg.participation not in mech.participation:
+        _fail("participation", mech.participation_advice)
     if p.clipping not in ("auto",):
         _fail("privacy.clipping", f"privacy.unit=client clips each client's whole update to privacy.clip_norm; "
                                   f"leave privacy.clipping at auto, got {p.clipping}")
     fixed_size = cfg.participation == "uniform" and (cfg.clients_per_round is not None or p.noise_cohort_size is not None)
-    if (p.mechanism == "tree" or fixed_size) and p.accountant != "rdp":
-        what = "tree aggregation" if p.mechanism == "tree" else "fixed-size cohorts (sampling without replacement)"
+    if (mech.rdp_only or fixed_size) and p.accountant != "rdp":
+        what = mech.accounted_as if mech.rdp_only else "fixed-size cohorts (sampling without replacement)"
         _fail("privacy.accountant", f"privacy.unit=client with {what} is accounted by dp-accounting's RDP accountant "
                                     f"only: set privacy.accountant=rdp (or participation=poisson)")
 
 
-def _check_cyclic(cfg: Config) -> None:
-    """blt and bandmf: Poisson draws within cyclic groups, at most N // k groups (a group's rate is kG/N ≤ 1)."""
+def _check_cyclic(cfg: Config, mech: Any) -> None:
+    """A mechanism on cyclic groups (blt, bandmf): its draws within a group (``mech.participation``, when
+    ``clients_per_round`` is set), at most N // k groups (a group's rate is kG/N ≤ 1)."""
     p = cfg.privacy
-    if cfg.clients_per_round is not None and cfg.participation != "poisson":
-        _fail("participation", f"privacy.mechanism={p.mechanism} draws each round's cohort from one of its cyclic "
-                               f"groups with Poisson sampling; set participation=poisson (fixed-size or shuffled "
-                               f"cohorts have no accounting with correlated noise here)")
+    if cfg.clients_per_round is not None and cfg.participation not in mech.participation:
+        _fail("participation", mech.participation_advice)
     k = cfg.clients_per_round if cfg.clients_per_round is not None else cfg.num_clients
     if p.min_separation is not None and not 1 <= p.min_separation <= cfg.num_clients // k:
         _fail("privacy.min_separation", f"must be in [1, num_clients // clients_per_round = {cfg.num_clients // k}] "
@@ -604,7 +601,7 @@ def server_holdout_size(cfg: Config) -> int:
 
 #: Privacy and data keys that enter a run's id only when set away from their default, so the ids of configs
 #: that do not use them stay what they were before the keys existed.
-_HASHED_UNLESS_DEFAULT = (("unit", "example"), ("mechanism", "gaussian"), ("noise_cohort_size", None),
+_HASHED_UNLESS_DEFAULT = (("unit", "example"), ("mechanism", DEFAULT_MECHANISM), ("noise_cohort_size", None),
                           ("population_size", None), ("min_separation", None))
 _DATA_HASHED_UNLESS_DEFAULT = (("max_samples_per_user", None),)
 

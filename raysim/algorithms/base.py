@@ -20,7 +20,7 @@ import torch
 
 from raysim.algorithms import flat
 from raysim.algorithms.uploads import Upload
-from raysim.config import PREFIX_SUM_MECHANISMS, Config
+from raysim.config import Config
 from raysim.messages import ClientResult, ClientTask, RoundPayload
 from raysim.noise import GaussianNoise
 
@@ -330,9 +330,11 @@ def client_level_any(cfg: Config) -> str | None:
 def client_level_gaussian(cfg: Config) -> str | None:
     """``MethodSpec.client_level`` of a method whose server rule needs each round's noised mean on its own
     (momentum, adaptive C): the client unit's Gaussian mechanism, not tree aggregation."""
-    if cfg.privacy.mechanism in PREFIX_SUM_MECHANISMS:
+    from raysim.privacy.mechanisms.registry import get_mechanism, mechanisms
+    if get_mechanism(cfg.privacy.mechanism).prefix_sums:
+        *others, last = [m.name for m in mechanisms() if not m.prefix_sums]
         return (f"its server rule takes each round's noised mean, while privacy.mechanism={cfg.privacy.mechanism} "
-                f"releases prefix sums; use privacy.mechanism=gaussian, blt or bandmf")
+                f"releases prefix sums; use privacy.mechanism={', '.join(others)} or {last}")
     return None
 
 

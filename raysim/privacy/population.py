@@ -37,29 +37,30 @@ Adaptive clipping (``dp-fedavg-adaptive``, Andrew et al. 2021): the server also 
 Σ_i (b_i − 1/2) (sensitivity 1/2 under add/remove), σ_b = k/20 unless the method gives it (its joint
 upload's ``Release.noise_multiplier``), and the update noise σ_Δ is chosen so that the joint release is
 one Gaussian of multiplier σ: (σ_Δ⁻² + (2σ_b)⁻²)^(−1/2) = σ.
+
+Each mechanism is an object of :mod:`raysim.privacy.mechanisms.registry` (the built-in ones in
+:mod:`raysim.privacy.mechanisms.builtin`): the plan asks it for its cohorts, strategy, ε and noise stream.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import numpy as np
 import torch
 
-from raysim.config import CYCLIC_MECHANISMS, PREFIX_SUM_MECHANISMS, Config, ConfigError
-from raysim.lazy import LazyModule
+from raysim.config import Config, ConfigError
 from raysim.noise import GaussianNoise
-from raysim.participation import cyclic_groups, cyclic_rate, rounds_per_pass
-from raysim.privacy.mechanisms.bandmf import BandMFNoise, amplified_steps, optimize_bandmf
-from raysim.privacy.mechanisms.blt import BLT, BLTNoise, blt_max_loss, blt_sensitivity_squared, optimize_blt
+from raysim.participation import cyclic_groups, cyclic_rate, is_cyclic, rounds_per_pass
+from raysim.privacy.mechanisms.bandmf import optimize_bandmf
+from raysim.privacy.mechanisms.base import ClientMechanism
+from raysim.privacy.mechanisms.blt import BLT, blt_max_loss, blt_sensitivity_squared, optimize_blt
+from raysim.privacy.mechanisms.registry import get_mechanism, mechanisms
 from raysim.privacy.mechanisms.toeplitz import max_participations
-from raysim.privacy.accounting import PrivacyLedger, StepEvent, compute_epsilon, smallest_noise
-
-dp_accounting = LazyModule("dp_accounting")
-rdp_privacy_accountant = LazyModule("dp_accounting.rdp.rdp_privacy_accountant")
+from raysim.privacy.accounting import PrivacyLedger, StepEvent, smallest_noise
 
 __all__ = ["ClientLevelPlan", "client_level_plan", "check_mechanism", "joint_update_sigma", "privacy_scope",
            "epsilon_scope", "EPSILON_SCOPES", "ADAPTIVE_COUNT_DIVISOR"]
@@ -82,7 +83,7 @@ def joint_update_sigma(sigma: float, count_noise_multiplier: float) -> float:
 class ClientLevelPlan:
     """The noise and accounting of a client-level run (see the module docstring)."""
 
-    mechanism: str                 # gaussian | tree
+    mechanism: str                 # privacy.mechanism: a registered mechanism's name (:attr:`spec`)
     sampling: str                  # poisson | uniform | full | shuffle
     adjacency: str                 # what adjacent federations differ in, as the runs table names it
     population: int                # N (or the deployment's N')
@@ -103,28 +104,29 @@ class ClientLevelPlan:
     sensitivity: float = 1.0       # blt: the strategy's sensitivity over T rounds; 1 otherwise
 
     @property
+    def spec(self) -> ClientMechanism:
+        """The registered mechanism object of :attr:`mechanism`."""
+        return get_mechanism(self.mechanism)
+
+    @property
     def releases_prefix_sums(self) -> bool:
         """Whether a round's release is its pass's prefix sum (tree), not the round's noised mean."""
-        return self.mechanism in PREFIX_SUM_MECHANISMS
+        return self.spec.prefix_sums
 
     @property
     def correlated(self) -> bool:
         """Whether the round noise is correlated across rounds by a matrix factorisation (blt, bandmf)."""
-        return self.mechanism in CYCLIC_MECHANISMS
+        return self.spec.correlated
 
     @property
     def sample_rate(self) -> float:
-        if self.correlated:
+        if self.spec.cyclic:
             return self.rate
         return 1.0 if self.sampling == "full" else self.cohort / self.population
 
     def new_stream(self, size: int) -> Any:
         """The correlated noise's streaming state for ``size`` coordinates (blt, bandmf)."""
-        if self.mechanism == "blt":
-            return BLTNoise(self.strategy.blt, size)
-        if self.mechanism == "bandmf":
-            return BandMFNoise(np.asarray(self.strategy), size)
-        raise ValueError(f"privacy.mechanism={self.mechanism} has no correlated noise stream")
+        return self.spec.new_stream(self, size)
 
     def correlated_noise_std(self, clip_norm: float) -> float:
         """The factor of ``(C⁻¹ z)_t`` in the averaged update: σ·sens·C/k."""
@@ -140,11 +142,7 @@ class ClientLevelPlan:
 
     def epsilon(self, rounds: int) -> float:
         """ε at δ after the first ``rounds`` rounds."""
-        if self.correlated:
-            return correlated_epsilon(self.mechanism, self.sigma, rounds, self.groups, self.rate, self.strategy,
-                                      self.delta, self.accountant)
-        return epsilon_of(self.mechanism, self.sampling, self.population, self.cohort, self.per_pass,
-                          [self.sigma * m for m in self.schedule[:rounds]], self.delta, self.accountant)
+        return self.spec.epsilon(self, self.sigma, rounds)
 
     def round_event(self, server_round: int) -> StepEvent:
         """Round ``server_round``'s release as a :class:`StepEvent` (Poisson or full cohorts)."""
@@ -152,7 +150,7 @@ class ClientLevelPlan:
 
     def step_events(self, rounds: int) -> list[StepEvent]:
         """The Poisson (or full) rounds as :class:`StepEvent` (add/remove): the private tuning's RDP input."""
-        if not (self.mechanism == "gaussian" and self.sampling in ("poisson", "full")):
+        if not self.spec.stepwise(self):
             raise ValueError("only Poisson-sampled or full cohorts are StepEvents")
         return [StepEvent(self.sample_rate, self.sigma * m, 1) for m in self.schedule[:rounds]]
 
@@ -163,7 +161,7 @@ class ClientLevelPlan:
 
     def new_ledger(self) -> PrivacyLedger | None:
         """An incremental ledger for the Poisson (or full) rounds; None for the RDP-only cohorts."""
-        if self.mechanism == "gaussian" and self.sampling in ("poisson", "full"):
+        if self.spec.stepwise(self):
             return PrivacyLedger(self.delta, self.accountant)
         return None
 
@@ -187,54 +185,6 @@ def prefix_noise(seed: int, pass_index: int, prefix: int, std: float, size: int)
     for level, index in tree_nodes(prefix):
         total += GaussianNoise(seed, "tree-noise", pass_index + 1, level, index).vector(size, std).double()
     return total
-
-
-def _rdp_epsilon(event: dp_accounting.DpEvent, relation: dp_accounting.NeighboringRelation, delta: float) -> float:
-    acc = rdp_privacy_accountant.RdpAccountant(neighboring_relation=relation)
-    acc.compose(event)
-    return max(float(acc.get_epsilon(delta)), 0.0)
-
-
-def epsilon_of(mechanism: str, sampling: str, population: int, cohort: int, per_pass: int,
-               multipliers: Sequence[float], delta: float, accountant: str) -> float:
-    """ε at δ of rounds with the accounted noise multipliers ``multipliers`` (one per round)."""
-    if not len(multipliers):
-        return 0.0
-    if any(m == 0.0 for m in multipliers):
-        return math.inf
-    relation = dp_accounting.NeighboringRelation
-    if mechanism == "tree":
-        rounds = len(multipliers)
-        if len(set(multipliers)) != 1:
-            raise ValueError("tree aggregation is accounted with one noise multiplier for every round")
-        full, rest = divmod(rounds, per_pass)
-        tree = dp_accounting.SingleEpochTreeAggregationDpEvent(float(multipliers[0]), per_pass)
-        events: list[dp_accounting.DpEvent] = [dp_accounting.SelfComposedDpEvent(tree, full)] if full else []
-        if rest:
-            events.append(dp_accounting.SingleEpochTreeAggregationDpEvent(float(multipliers[0]), rest))
-        return _rdp_epsilon(dp_accounting.ComposedDpEvent(events), relation.REPLACE_SPECIAL, delta)
-    if sampling == "uniform":
-        values, counts = np.unique(np.asarray(multipliers, dtype=np.float64), return_counts=True)
-        # Replace-one moves the clipped sum by up to 2C: the accounted multiplier is σ/2.
-        events = [dp_accounting.SelfComposedDpEvent(dp_accounting.SampledWithoutReplacementDpEvent(
-            population, cohort, dp_accounting.GaussianDpEvent(float(v) / 2.0)), int(c)) for v, c in zip(values, counts)]
-        return _rdp_epsilon(dp_accounting.ComposedDpEvent(events), relation.REPLACE_ONE, delta)
-    q = 1.0 if sampling == "full" else cohort / population
-    return compute_epsilon([StepEvent(q, float(m), 1) for m in multipliers], delta, accountant)
-
-
-def correlated_epsilon(mechanism: str, sigma: float, rounds: int, groups: int, rate: float, strategy: Any,
-                       delta: float, accountant: str) -> float:
-    """ε at δ after the first ``rounds`` rounds of blt or bandmf (see the module docstring)."""
-    if rounds <= 0:
-        return 0.0
-    if sigma == 0.0:
-        return math.inf
-    if mechanism == "bandmf":
-        return compute_epsilon([StepEvent(rate, sigma, amplified_steps(rounds, groups))], delta, accountant)
-    full = strategy_sensitivity(strategy, strategy.rounds, groups)
-    return compute_epsilon([StepEvent(1.0, sigma * full / strategy_sensitivity(strategy, rounds, groups), 1)],
-                           delta, accountant)
 
 
 def strategy_sensitivity(blt: Any, rounds: int, groups: int) -> float:
@@ -284,14 +234,8 @@ def bandmf_for(rounds: int, bands: int) -> tuple[float, ...]:
 
 
 def _sampling(cfg: Config) -> str:
-    """How the accounted cohorts are drawn (a deployment samples k' of N' every round: never full)."""
-    if cfg.privacy.mechanism in CYCLIC_MECHANISMS:
-        return "cyclic"
-    if cfg.privacy.mechanism == "tree":
-        return "shuffle"
-    if cfg.clients_per_round is None:
-        return "poisson" if cfg.privacy.noise_cohort_size is not None else "full"
-    return cfg.participation
+    """How the accounted cohorts are drawn (the mechanism's :meth:`~ClientMechanism.sampling`)."""
+    return get_mechanism(cfg.privacy.mechanism).sampling(cfg)
 
 
 def keeps_rdp_curve(cfg: Config) -> bool:
@@ -325,9 +269,9 @@ def epsilon_scope(cfg: Config) -> str:
 
 def participation_label(cfg: Config) -> str:
     """How each round's clients are drawn, as the runs table names it."""
-    if cfg.clients_per_round is None and not (cfg.privacy.unit == "client" and cfg.privacy.mechanism in CYCLIC_MECHANISMS):
+    if cfg.clients_per_round is None and not is_cyclic(cfg):
         return "full (every client every round)"
-    if cfg.privacy.unit == "client" and cfg.privacy.mechanism in CYCLIC_MECHANISMS:
+    if is_cyclic(cfg):
         groups = cyclic_groups(cfg)
         return (f"cyclic poisson: {groups} groups, round t draws group (t - 1) mod {groups} at rate "
                 f"{cyclic_rate(cfg):.4g} (min separation {groups})")
@@ -363,12 +307,14 @@ def check_mechanism(cfg: Config, schedule: Sequence[float], adaptive_count: bool
     """Refuse (one line) a method the mechanism cannot account: a σ that changes by round under a mechanism
     accounted with one σ, or adaptive clipping's joint count beside correlated noise."""
     p = cfg.privacy
-    if p.mechanism != "gaussian" and len(set(float(m) for m in schedule)) > 1:
+    mech = get_mechanism(p.mechanism)
+    if not mech.varying_sigma and len(set(float(m) for m in schedule)) > 1:
         raise ConfigError(f"privacy.mechanism={p.mechanism} takes one noise multiplier for every round; method "
                           f"{cfg.method}'s noise schedule changes it")
-    if adaptive_count and p.mechanism in CYCLIC_MECHANISMS:
+    if adaptive_count and mech.correlated:
+        independent = "|".join(m.name for m in mechanisms() if not m.correlated and m.varying_sigma)
         raise ConfigError(f"privacy.mechanism={p.mechanism}: adaptive clipping's count is accounted jointly with "
-                          f"independent Gaussian rounds only; use privacy.mechanism=gaussian")
+                          f"independent Gaussian rounds only; use privacy.mechanism={independent}")
 
 
 def client_level_plan(cfg: Config, schedule: Sequence[float], adaptive_count: bool,
@@ -378,22 +324,18 @@ def client_level_plan(cfg: Config, schedule: Sequence[float], adaptive_count: bo
     ``schedule`` is the method's relative σ per round; ``adaptive_count`` adds adaptive clipping's count,
     with noise std ``count_std`` (σ_b; None: k/20 for the cohort k the noise is sized for)."""
     p = cfg.privacy
-    sampling = _sampling(cfg)
+    mech = get_mechanism(p.mechanism)
+    sampling = mech.sampling(cfg)
     deployment = p.noise_cohort_size is not None
     population = int(p.population_size) if deployment else cfg.num_clients
     simulated_k = cfg.clients_per_round if cfg.clients_per_round is not None else cfg.num_clients
     cohort = int(p.noise_cohort_size) if deployment else int(simulated_k)
     check_mechanism(cfg, schedule, adaptive_count)
     groups = rate = 0
-    strategy, sensitivity = None, 1.0
-    if p.mechanism in CYCLIC_MECHANISMS:
+    if mech.cyclic:
         groups, rate = cyclic_groups(cfg), cyclic_rate(cfg)
-        if p.mechanism == "bandmf":
-            strategy = bandmf_for(cfg.rounds, min(groups, cfg.rounds))
-        else:
-            strategy = blt_for(cfg.rounds, groups)
-            sensitivity = strategy_sensitivity(strategy, cfg.rounds, groups)
-    per_pass = rounds_per_pass(cfg) if p.mechanism == "tree" else 0
+    strategy, sensitivity = mech.strategy(cfg, groups)
+    per_pass = rounds_per_pass(cfg) if mech.prefix_sums else 0
     schedule = tuple(float(m) for m in schedule)
     if not adaptive_count:
         count_std = 0.0
@@ -402,17 +344,19 @@ def client_level_plan(cfg: Config, schedule: Sequence[float], adaptive_count: bo
     elif not count_std > 0:
         raise ValueError(f"the joint count's noise std must be > 0, got {count_std}")
 
+    # σ to be calibrated: the mechanism's ε reads the plan's other fields
+    plan = ClientLevelPlan(p.mechanism, sampling, ADJACENCY[sampling], population, cohort, int(simulated_k),
+                           cfg.rounds, per_pass, schedule, math.nan, math.nan, count_std, deployment,
+                           p.accountant, p.delta, groups, float(rate) if groups else 1.0, strategy, sensitivity)
+    # ε over the whole schedule (the correlated mechanisms: over the T rounds of their strategy)
+    horizon = cfg.rounds if mech.correlated else len(schedule)
+
     def eps(sigma: float) -> float:
-        if p.mechanism in CYCLIC_MECHANISMS:
-            return correlated_epsilon(p.mechanism, sigma, cfg.rounds, groups, rate, strategy, p.delta, p.accountant)
-        return epsilon_of(p.mechanism, sampling, population, cohort, per_pass, [sigma * m for m in schedule],
-                          p.delta, p.accountant)
+        return mech.epsilon(plan, sigma, horizon)
 
     if p.noise_multiplier is not None:
         sigma = float(p.noise_multiplier)
     else:
         sigma = smallest_noise(eps, float(p.epsilon))
     update_sigma = joint_update_sigma(sigma, 2.0 * count_std) if adaptive_count and sigma > 0 else sigma
-    return ClientLevelPlan(p.mechanism, sampling, ADJACENCY[sampling], population, cohort, int(simulated_k),
-                           cfg.rounds, per_pass, schedule, sigma, update_sigma, count_std, deployment,
-                           p.accountant, p.delta, groups, float(rate) if groups else 1.0, strategy, sensitivity)
+    return dataclasses.replace(plan, sigma=sigma, update_sigma=update_sigma)

@@ -7,6 +7,9 @@ the strategy ``C``, post-processed. ``C = I`` is independent Gaussian noise.
 * :mod:`~raysim.privacy.mechanisms.toeplitz`: Toeplitz algebra, errors, min-separation sensitivity.
 * :mod:`~raysim.privacy.mechanisms.blt`: Buffered Linear Toeplitz strategies (optimised, streamed).
 * :mod:`~raysim.privacy.mechanisms.bandmf`: banded strategies, streamed, and amplified accounting.
+* :mod:`~raysim.privacy.mechanisms.base`, :mod:`~raysim.privacy.mechanisms.registry`,
+  :mod:`~raysim.privacy.mechanisms.builtin`: the client-level mechanisms (``privacy.mechanism``) as
+  registered objects, and the built-in ones (gaussian, tree, blt, bandmf).
 
 Each streaming noise object (:class:`~raysim.privacy.mechanisms.blt.BLTNoise`,
 :class:`~raysim.privacy.mechanisms.bandmf.BandMFNoise`) follows :class:`StreamingNoise`.
@@ -14,9 +17,10 @@ Each streaming noise object (:class:`~raysim.privacy.mechanisms.blt.BLTNoise`,
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import torch
+if TYPE_CHECKING:   # the package imports no torch: the config validates against its registry
+    import torch
 
 __all__ = ["StreamingNoise"]
 

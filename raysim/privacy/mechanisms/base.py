@@ -1,0 +1,79 @@
+"""What a client-level noise mechanism (``privacy.unit=client``, ``privacy.mechanism``) declares.
+
+A mechanism is one :class:`ClientMechanism` object, registered by name
+(:func:`raysim.privacy.mechanisms.registry.register_mechanism`). The config asks it which cohorts and
+accountant it accepts; :mod:`raysim.privacy.population` asks it how to plan and account a run; the server
+asks it whether its release is a pass's prefix sums or carries correlated noise; the canary-client audit
+asks whether it can audit it. Nothing outside the object compares mechanism names.
+
+This module imports nothing of torch: the config validates against these objects. A mechanism's
+methods import their mathematics when called.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from raysim.config import Config
+    from raysim.privacy.population import ClientLevelPlan
+
+__all__ = ["ClientMechanism"]
+
+
+class ClientMechanism:
+    """One client-level mechanism. The class attributes declare what the run needs of it; the defaults
+    are those of independent Gaussian rounds. Override the methods whose default does not fit."""
+
+    #: ``privacy.mechanism``'s value.
+    name: str = ""
+    #: ``participation`` modes it accepts (with cyclic groups: within a group, when ``clients_per_round``
+    #: is set).
+    participation: tuple[str, ...] = ("uniform", "poisson")
+    #: The one-line refusal of any other ``participation``.
+    participation_advice: str = ""
+    #: Its cohorts come from cyclic groups (``privacy.min_separation``): client i's rounds are G apart.
+    cyclic: bool = False
+    #: Its noise is correlated across rounds: the server draws it from :meth:`new_stream`.
+    correlated: bool = False
+    #: A round's release is its pass's prefix sum (over ⌈N/k⌉ rounds), not the round's noised mean.
+    prefix_sums: bool = False
+    #: Accounted by dp-accounting's RDP accountant only; ``accounted_as`` names it in the refusal of PLD.
+    rdp_only: bool = False
+    accounted_as: str = ""
+    #: Accepts noise sized for a deployment (``privacy.noise_cohort_size``, ``privacy.population_size``).
+    deployment: bool = False
+    #: Accounts a noise multiplier that changes by round (a method's σ schedule).
+    varying_sigma: bool = False
+    #: The canary-client audit (``raysim audit-clients``) can audit it.
+    canary_audit: bool = False
+
+    def sampling(self, cfg: Config) -> str:
+        """How the accounted cohorts are drawn: poisson | uniform | full | shuffle | cyclic (a deployment
+        samples k' of N' every round: never full)."""
+        if self.cyclic:
+            return "cyclic"
+        if cfg.clients_per_round is None:
+            return "poisson" if cfg.privacy.noise_cohort_size is not None else "full"
+        return cfg.participation
+
+    def strategy(self, cfg: Config, groups: int) -> tuple[Any, float]:
+        """The run's strategy (a correlated mechanism's factorisation; None) and its sensitivity (1)."""
+        return None, 1.0
+
+    def epsilon(self, plan: ClientLevelPlan, sigma: float, rounds: int) -> float:
+        """ε at ``plan.delta`` after the first ``rounds`` rounds of ``plan`` at the noise multiplier ``sigma``
+        (the calibration calls it with candidate σ's, the book with the plan's own)."""
+        raise NotImplementedError
+
+    def stepwise(self, plan: ClientLevelPlan) -> bool:
+        """Whether its rounds are add/remove ``StepEvent`` s (Poisson or full cohorts of independent
+        Gaussians): then the population has an incremental ledger, and the private tuning its RDP curve."""
+        return False
+
+    def new_stream(self, plan: ClientLevelPlan, size: int) -> Any:
+        """The correlated noise's streaming state for ``size`` coordinates (a ``StreamingNoise``)."""
+        raise ValueError(f"privacy.mechanism={self.name} has no correlated noise stream")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"

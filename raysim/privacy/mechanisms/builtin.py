@@ -1,0 +1,181 @@
+"""The built-in client-level mechanisms: gaussian, tree, blt, bandmf (docs/privacy.md, "Client-level DP").
+
+Each is a :class:`~raysim.privacy.mechanisms.base.ClientMechanism`; the registry registers them in this
+order. Their mathematics lives in :mod:`raysim.privacy.population` (tree noise, the strategies optimised
+for a run), :mod:`~raysim.privacy.mechanisms.blt` and :mod:`~raysim.privacy.mechanisms.bandmf`, imported
+when a method is called, so that the config validates without torch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from raysim.lazy import LazyModule
+from raysim.privacy.mechanisms.base import ClientMechanism
+
+if TYPE_CHECKING:
+    from raysim.config import Config
+    from raysim.privacy.population import ClientLevelPlan
+
+dp_accounting = LazyModule("dp_accounting")
+rdp_privacy_accountant = LazyModule("dp_accounting.rdp.rdp_privacy_accountant")
+
+__all__ = ["Gaussian", "Tree", "BLTMechanism", "BandMFMechanism", "BUILTIN"]
+
+
+def _rdp_epsilon(event: Any, relation: Any, delta: float) -> float:
+    acc = rdp_privacy_accountant.RdpAccountant(neighboring_relation=relation)
+    acc.compose(event)
+    return max(float(acc.get_epsilon(delta)), 0.0)
+
+
+def _multipliers(plan: ClientLevelPlan, sigma: float, rounds: int) -> list[float]:
+    return [sigma * m for m in plan.schedule[:rounds]]
+
+
+class Gaussian(ClientMechanism):
+    """Independent Gaussian noise on each round's cohort sum (DP-FedAvg): Poisson, full or fixed-size
+    cohorts, a σ that may change by round."""
+
+    name = "gaussian"
+    participation = ("uniform", "poisson")
+    participation_advice = ("shuffle has no amplification to account under privacy.mechanism=gaussian; "
+                            "use poisson or uniform, or privacy.mechanism=tree")
+    deployment = True
+    varying_sigma = True
+    canary_audit = True
+
+    def epsilon(self, plan: ClientLevelPlan, sigma: float, rounds: int) -> float:
+        return independent_epsilon(plan.sampling, plan.population, plan.cohort, _multipliers(plan, sigma, rounds),
+                                   plan.delta, plan.accountant)
+
+    def stepwise(self, plan: ClientLevelPlan) -> bool:
+        return plan.sampling in ("poisson", "full")
+
+
+def independent_epsilon(sampling: str, population: int, cohort: int, multipliers: Sequence[float], delta: float,
+                        accountant: str) -> float:
+    """ε at δ of independent Gaussian rounds with the accounted multipliers ``multipliers`` (one per round)."""
+    from raysim.privacy.accounting import StepEvent, compute_epsilon
+    if not len(multipliers):
+        return 0.0
+    if any(m == 0.0 for m in multipliers):
+        return math.inf
+    if sampling == "uniform":
+        values, counts = np.unique(np.asarray(multipliers, dtype=np.float64), return_counts=True)
+        # Replace-one moves the clipped sum by up to 2C: the accounted multiplier is σ/2.
+        events = [dp_accounting.SelfComposedDpEvent(dp_accounting.SampledWithoutReplacementDpEvent(
+            population, cohort, dp_accounting.GaussianDpEvent(float(v) / 2.0)), int(c)) for v, c in zip(values, counts)]
+        return _rdp_epsilon(dp_accounting.ComposedDpEvent(events), dp_accounting.NeighboringRelation.REPLACE_ONE,
+                            delta)
+    q = 1.0 if sampling == "full" else cohort / population
+    return compute_epsilon([StepEvent(q, float(m), 1) for m in multipliers], delta, accountant)
+
+
+class Tree(ClientMechanism):
+    """Tree aggregation (DP-FTRL): each pass over the shuffled population is one tree, its prefix sums
+    released; passes compose. RDP only, one σ for every round."""
+
+    name = "tree"
+    participation = ("shuffle",)
+    participation_advice = ("privacy.mechanism=tree (DP-FTRL) takes each client at most once per pass over "
+                            "a shuffled population: set participation=shuffle")
+    prefix_sums = True
+    rdp_only = True
+    accounted_as = "tree aggregation"
+    canary_audit = True
+
+    def sampling(self, cfg: Config) -> str:
+        return "shuffle"
+
+    def epsilon(self, plan: ClientLevelPlan, sigma: float, rounds: int) -> float:
+        multipliers = _multipliers(plan, sigma, rounds)
+        if not len(multipliers):
+            return 0.0
+        if any(m == 0.0 for m in multipliers):
+            return math.inf
+        if len(set(multipliers)) != 1:
+            raise ValueError("tree aggregation is accounted with one noise multiplier for every round")
+        full, rest = divmod(len(multipliers), plan.per_pass)
+        tree = dp_accounting.SingleEpochTreeAggregationDpEvent(float(multipliers[0]), plan.per_pass)
+        events: list[Any] = [dp_accounting.SelfComposedDpEvent(tree, full)] if full else []
+        if rest:
+            events.append(dp_accounting.SingleEpochTreeAggregationDpEvent(float(multipliers[0]), rest))
+        return _rdp_epsilon(dp_accounting.ComposedDpEvent(events), dp_accounting.NeighboringRelation.REPLACE_SPECIAL,
+                            plan.delta)
+
+
+class _Correlated(ClientMechanism):
+    """A matrix factorisation's correlated noise on cyclic Poisson cohorts, one σ for every round."""
+
+    cyclic = True
+    correlated = True
+    participation = ("poisson",)
+
+    @property
+    def participation_advice(self) -> str:   # type: ignore[override]
+        return (f"privacy.mechanism={self.name} draws each round's cohort from one of its cyclic groups with "
+                f"Poisson sampling; set participation=poisson (fixed-size or shuffled cohorts have no accounting "
+                f"with correlated noise here)")
+
+    def epsilon(self, plan: ClientLevelPlan, sigma: float, rounds: int) -> float:
+        if rounds <= 0:
+            return 0.0
+        if sigma == 0.0:
+            return math.inf
+        return self.correlated_epsilon(plan, sigma, rounds)
+
+    def correlated_epsilon(self, plan: ClientLevelPlan, sigma: float, rounds: int) -> float:
+        raise NotImplementedError
+
+
+class BLTMechanism(_Correlated):
+    """Buffered Linear Toeplitz: the whole run is one Gaussian mechanism on ``C_blt x``; after r rounds the
+    first r rows, of a smaller sensitivity."""
+
+    name = "blt"
+
+    def strategy(self, cfg: Config, groups: int) -> tuple[Any, float]:
+        from raysim.privacy.population import blt_for, strategy_sensitivity
+        strategy = blt_for(cfg.rounds, groups)
+        return strategy, strategy_sensitivity(strategy, cfg.rounds, groups)
+
+    def correlated_epsilon(self, plan: ClientLevelPlan, sigma: float, rounds: int) -> float:
+        from raysim.privacy.accounting import StepEvent, compute_epsilon
+        from raysim.privacy.population import strategy_sensitivity
+        strategy, groups = plan.strategy, plan.groups
+        full = strategy_sensitivity(strategy, strategy.rounds, groups)
+        return compute_epsilon([StepEvent(1.0, sigma * full / strategy_sensitivity(strategy, rounds, groups), 1)],
+                               plan.delta, plan.accountant)
+
+    def new_stream(self, plan: ClientLevelPlan, size: int) -> Any:
+        from raysim.privacy.mechanisms.blt import BLTNoise
+        return BLTNoise(plan.strategy.blt, size)
+
+
+class BandMFMechanism(_Correlated):
+    """Banded matrix factorisation: each round a client can join is a Poisson-subsampled Gaussian on its own
+    column, ⌈T/G⌉ of them composed (amplified BandMF)."""
+
+    name = "bandmf"
+
+    def strategy(self, cfg: Config, groups: int) -> tuple[Any, float]:
+        from raysim.privacy.population import bandmf_for
+        return bandmf_for(cfg.rounds, min(groups, cfg.rounds)), 1.0
+
+    def correlated_epsilon(self, plan: ClientLevelPlan, sigma: float, rounds: int) -> float:
+        from raysim.privacy.accounting import StepEvent, compute_epsilon
+        from raysim.privacy.mechanisms.bandmf import amplified_steps
+        return compute_epsilon([StepEvent(plan.rate, sigma, amplified_steps(rounds, plan.groups))], plan.delta,
+                               plan.accountant)
+
+    def new_stream(self, plan: ClientLevelPlan, size: int) -> Any:
+        from raysim.privacy.mechanisms.bandmf import BandMFNoise
+        return BandMFNoise(np.asarray(plan.strategy), size)
+
+
+#: The built-in mechanisms, in the order the config lists them.
+BUILTIN: tuple[ClientMechanism, ...] = (Gaussian(), Tree(), BLTMechanism(), BandMFMechanism())
