@@ -146,13 +146,13 @@ class ClientLevelPlan:
 
     def round_event(self, server_round: int) -> StepEvent:
         """Round ``server_round``'s release as a :class:`StepEvent` (Poisson or full cohorts)."""
-        return StepEvent(self.sample_rate, self.sigma * self.schedule[server_round - 1], 1)
+        return self.spec.round_event(self, self.sigma, server_round)
 
     def step_events(self, rounds: int) -> list[StepEvent]:
         """The Poisson (or full) rounds as :class:`StepEvent` (add/remove): the private tuning's RDP input."""
         if not self.spec.stepwise(self):
             raise ValueError("only Poisson-sampled or full cohorts are StepEvents")
-        return [StepEvent(self.sample_rate, self.sigma * m, 1) for m in self.schedule[:rounds]]
+        return [self.spec.round_event(self, self.sigma, t) for t in range(1, min(rounds, len(self.schedule)) + 1)]
 
     @staticmethod
     def prefix_noise(seed: int, pass_index: int, prefix: int, std: float, size: int) -> torch.Tensor:

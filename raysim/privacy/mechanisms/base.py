@@ -67,9 +67,15 @@ class ClientMechanism:
         raise NotImplementedError
 
     def stepwise(self, plan: ClientLevelPlan) -> bool:
-        """Whether its rounds are add/remove ``StepEvent`` s (Poisson or full cohorts of independent
-        Gaussians): then the population has an incremental ledger, and the private tuning its RDP curve."""
+        """Whether its rounds are add/remove ``StepEvent`` s (:meth:`round_event`; Poisson or full cohorts of
+        independent Gaussians): then the population's ε is an incremental ledger of them, which
+        :meth:`epsilon` must agree with, and the private tuning has their RDP curve."""
         return False
+
+    def round_event(self, plan: ClientLevelPlan, sigma: float, server_round: int) -> Any:
+        """Round ``server_round``'s release at the noise multiplier ``sigma`` as a ``StepEvent``
+        (:meth:`stepwise` mechanisms)."""
+        raise ValueError("only Poisson-sampled or full cohorts are StepEvents")
 
     def new_stream(self, plan: ClientLevelPlan, size: int) -> Any:
         """The correlated noise's streaming state for ``size`` coordinates (a ``StreamingNoise``)."""

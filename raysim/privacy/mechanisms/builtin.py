@@ -55,6 +55,10 @@ class Gaussian(ClientMechanism):
     def stepwise(self, plan: ClientLevelPlan) -> bool:
         return plan.sampling in ("poisson", "full")
 
+    def round_event(self, plan: ClientLevelPlan, sigma: float, server_round: int) -> Any:
+        from raysim.privacy.accounting import StepEvent
+        return StepEvent(plan.sample_rate, sigma * plan.schedule[server_round - 1], 1)
+
 
 def independent_epsilon(sampling: str, population: int, cohort: int, multipliers: Sequence[float], delta: float,
                         accountant: str) -> float:
