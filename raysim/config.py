@@ -24,7 +24,8 @@ import yaml
 
 __all__ = ["ConfigError", "Config", "register_section", "method_sections", "fail", "check_choice", "load_config", "config_from_dict", "apply_overrides", "config_to_dict",
            "config_hash", "parse_override", "run_id_for", "result_hash", "CLIPPING_MODES", "PARTICIPATION_MODES",
-           "MODEL_NAMES", "PRIVACY_UNITS", "DEFAULT_MECHANISM"]
+           "MODEL_NAMES", "PRIVACY_UNITS", "DEFAULT_MECHANISM", "add_mechanism",
+           "remove_mechanism", "client_mechanism", "client_mechanisms"]
 
 #: ``participation`` modes (R): how a round's clients are drawn when ``clients_per_round`` is set
 #: (``shuffle``: consecutive cohorts of one shuffled pass over the population after another).
@@ -33,9 +34,12 @@ PARTICIPATION_MODES = ("uniform", "poisson", "shuffle")
 #: ``privacy.unit``: what a run's ε protects.
 PRIVACY_UNITS = ("example", "client")
 #: ``privacy.mechanism``'s default, the only value under ``privacy.unit=example`` (DP-SGD's Gaussian noise).
-#: Under ``privacy.unit=client`` it names a registered mechanism object
-#: (:mod:`raysim.privacy.mechanisms.registry`), which the checks below ask what it accepts.
+#: Under ``privacy.unit=client`` it names a registered mechanism object, which the checks below ask what
+#: it accepts.
 DEFAULT_MECHANISM = "gaussian"
+#: The client-level mechanisms by name, built-in and from outside: ``raysim.privacy.mechanisms.registry``
+#: adds each (``add_mechanism``); this module imports none of them, and knows only what they declare.
+_MECHANISMS: dict[str, Any] = {}
 
 #: ``privacy.clipping`` modes once resolved (``auto`` resolves to one of them).
 CLIPPING_MODES = ("per_sample", "batch", "none")
@@ -55,6 +59,25 @@ def add_choice(key: str, name: str) -> None:
     names = _EXTRA_CHOICES.setdefault(key, [])
     if name not in names:
         names.append(name)
+
+
+def add_mechanism(mechanism: Any) -> None:
+    """Accept ``mechanism.name`` for ``privacy.mechanism`` (called by the mechanism registry)."""
+    _MECHANISMS[mechanism.name] = mechanism
+
+
+def remove_mechanism(name: str) -> None:
+    _MECHANISMS.pop(name, None)
+
+
+def client_mechanism(name: str) -> Any:
+    """The registered client-level mechanism ``name`` (a ``ClientMechanism``); KeyError if none."""
+    return _MECHANISMS[name]
+
+
+def client_mechanisms() -> tuple[Any, ...]:
+    """Every registered client-level mechanism, in the order of registration (the built-in ones first)."""
+    return tuple(_MECHANISMS.values())
 
 
 class ConfigError(ValueError):
@@ -416,16 +439,14 @@ def validate(cfg: Config) -> Config:
 
 def _check_unit(cfg: Config) -> None:
     """The client-unit keys: only under ``privacy.unit=client``, and consistent with the cohorts. The
-    mechanism object (:mod:`raysim.privacy.mechanisms.registry`, imported here: it is light) says what it
-    accepts."""
-    from raysim.privacy.mechanisms.registry import get_mechanism, mechanisms
+    registered mechanism object says what it accepts."""
     p = cfg.privacy
     _choice("privacy.unit", p.unit, PRIVACY_UNITS)
-    _choice("privacy.mechanism", p.mechanism, tuple(m.name for m in mechanisms()))
-    mech = get_mechanism(p.mechanism)
+    _choice("privacy.mechanism", p.mechanism, tuple(_MECHANISMS))
+    mech = client_mechanism(p.mechanism)
     deployment = (p.noise_cohort_size, p.population_size)
     if p.min_separation is not None and not mech.cyclic:
-        cyclic = "|".join(m.name for m in mechanisms() if m.cyclic)
+        cyclic = "|".join(m.name for m in client_mechanisms() if m.cyclic)
         _fail("privacy.min_separation", f"sets the cyclic groups of privacy.mechanism={cyclic}; "
                                         f"this run's mechanism is {p.mechanism}")
     if p.unit == "example":
@@ -448,7 +469,7 @@ def _check_unit(cfg: Config) -> None:
             _fail("privacy.population_size", f"the deployment must be at least the simulated federation "
                                              f"(num_clients={cfg.num_clients}), got {p.population_size}")
         if not mech.deployment:
-            sized = "|".join(m.name for m in mechanisms() if m.deployment)
+            sized = "|".join(m.name for m in client_mechanisms() if m.deployment)
             _fail("privacy.noise_cohort_size", f"noise sized for a deployment is for privacy.mechanism={sized}")
     if mech.cyclic:
         _check_cyclic(cfg, mech)

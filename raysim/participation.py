@@ -29,8 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from raysim.config import Config, ConfigError
-from raysim.privacy.mechanisms.registry import get_mechanism
+from raysim.config import Config, ConfigError, client_mechanism
 from raysim.rng import np_generator
 
 __all__ = ["participation_schedule", "rounds_by_client", "is_full", "rounds_per_pass", "cyclic_groups",
@@ -39,7 +38,7 @@ __all__ = ["participation_schedule", "rounds_by_client", "is_full", "rounds_per_
 
 def is_cyclic(cfg: Config) -> bool:
     """Whether the cohorts come from cyclic groups (a client-unit mechanism that declares them: blt, bandmf)."""
-    return cfg.privacy.unit == "client" and get_mechanism(cfg.privacy.mechanism).cyclic
+    return cfg.privacy.unit == "client" and client_mechanism(cfg.privacy.mechanism).cyclic
 
 
 def cyclic_groups(cfg: Config) -> int:

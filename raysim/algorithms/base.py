@@ -20,7 +20,7 @@ import torch
 
 from raysim.algorithms import flat
 from raysim.algorithms.uploads import Upload
-from raysim.config import Config
+from raysim.config import Config, client_mechanism, client_mechanisms
 from raysim.messages import ClientResult, ClientTask, RoundPayload
 from raysim.noise import GaussianNoise
 
@@ -330,9 +330,8 @@ def client_level_any(cfg: Config) -> str | None:
 def client_level_gaussian(cfg: Config) -> str | None:
     """``MethodSpec.client_level`` of a method whose server rule needs each round's noised mean on its own
     (momentum, adaptive C): the client unit's Gaussian mechanism, not tree aggregation."""
-    from raysim.privacy.mechanisms.registry import get_mechanism, mechanisms
-    if get_mechanism(cfg.privacy.mechanism).prefix_sums:
-        *others, last = [m.name for m in mechanisms() if not m.prefix_sums]
+    if client_mechanism(cfg.privacy.mechanism).prefix_sums:
+        *others, last = [m.name for m in client_mechanisms() if not m.prefix_sums]
         return (f"its server rule takes each round's noised mean, while privacy.mechanism={cfg.privacy.mechanism} "
                 f"releases prefix sums; use privacy.mechanism={', '.join(others)} or {last}")
     return None

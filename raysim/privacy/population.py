@@ -45,7 +45,6 @@ Each mechanism is an object of :mod:`raysim.privacy.mechanisms.registry` (the bu
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -55,11 +54,8 @@ import torch
 from raysim.config import Config, ConfigError
 from raysim.noise import GaussianNoise
 from raysim.participation import cyclic_groups, cyclic_rate, is_cyclic, rounds_per_pass
-from raysim.privacy.mechanisms.bandmf import optimize_bandmf
 from raysim.privacy.mechanisms.base import ClientMechanism
-from raysim.privacy.mechanisms.blt import BLT, blt_max_loss, blt_sensitivity_squared, optimize_blt
 from raysim.privacy.mechanisms.registry import get_mechanism, mechanisms
-from raysim.privacy.mechanisms.toeplitz import max_participations
 from raysim.privacy.accounting import PrivacyLedger, StepEvent, smallest_noise
 
 __all__ = ["ClientLevelPlan", "client_level_plan", "check_mechanism", "joint_update_sigma", "privacy_scope",
@@ -185,52 +181,6 @@ def prefix_noise(seed: int, pass_index: int, prefix: int, std: float, size: int)
     for level, index in tree_nodes(prefix):
         total += GaussianNoise(seed, "tree-noise", pass_index + 1, level, index).vector(size, std).double()
     return total
-
-
-def strategy_sensitivity(blt: Any, rounds: int, groups: int) -> float:
-    """Sensitivity of the first ``rounds`` rows of the BLT strategy, participations ``groups`` apart."""
-    return math.sqrt(blt_sensitivity_squared(blt.blt, rounds, groups, max_participations(rounds, groups)))
-
-
-#: A BLT run starts with 1 buffer and adds one while the loss improves by more than this factor (at most 4).
-BLT_BUFFER_GAIN = 1.01
-BLT_MAX_BUFFERS = 4
-
-
-@dataclass(frozen=True)
-class BLTStrategy:
-    """A BLT optimised for a run: ``rounds`` T, its groups G (the minimum separation)."""
-
-    blt: BLT
-    rounds: int
-
-    @property
-    def buffers(self) -> int:
-        return self.blt.buffers
-
-
-@functools.lru_cache(maxsize=16)
-def blt_for(rounds: int, groups: int) -> BLTStrategy:
-    """The BLT for T rounds and participations G apart (at most ⌈T/G⌉): buffers added while they help.
-    A pure function of (T, G), kept for the process's later runs (a sweep, a resumed run)."""
-    k = max_participations(rounds, groups)
-    best, best_loss = BLT.build([], []), blt_max_loss(BLT.build([], []), rounds, groups, k)
-    for buffers in range(1, BLT_MAX_BUFFERS + 1):
-        try:
-            blt = optimize_blt(rounds, buffers, groups, k, init=best if best.buffers else None)
-        except RuntimeError:   # no feasible end point with this many buffers: keep the best so far
-            break
-        loss = blt_max_loss(blt, rounds, groups, k)
-        if not loss * BLT_BUFFER_GAIN < best_loss:
-            break
-        best, best_loss = blt, loss
-    return BLTStrategy(best, rounds)
-
-
-@functools.lru_cache(maxsize=16)
-def bandmf_for(rounds: int, bands: int) -> tuple[float, ...]:
-    """The BandMF coefficients for T rounds and b bands (a pure function, kept like :func:`blt_for`'s)."""
-    return tuple(float(c) for c in optimize_bandmf(rounds, bands))
 
 
 def _sampling(cfg: Config) -> str:

@@ -19,6 +19,7 @@ columns ``b`` or more apart have disjoint support, so a participant who takes pa
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -29,7 +30,7 @@ from scipy.signal import lfilter
 from raysim.privacy.mechanisms.toeplitz import minsep_sensitivity_squared
 
 __all__ = ["optimize_bandmf", "bandmf_loss", "bandmf_sensitivity_squared", "BandMFNoise",
-           "amplified_bandmf_event", "amplified_steps"]
+           "amplified_bandmf_event", "amplified_steps", "bandmf_for"]
 
 
 def _error_and_grad(coefs: np.ndarray, n: int) -> tuple[float, np.ndarray]:
@@ -126,3 +127,9 @@ class BandMFNoise:
     def load_state_dict(self, state: dict[str, torch.Tensor | int]) -> None:
         self.past = state["past"].clone()
         self.steps = int(state["steps"])
+
+
+@functools.lru_cache(maxsize=16)
+def bandmf_for(rounds: int, bands: int) -> tuple[float, ...]:
+    """The BandMF coefficients for T rounds and b bands (a pure function, kept like :func:`blt_for`'s)."""
+    return tuple(float(c) for c in optimize_bandmf(rounds, bands))

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from raysim.config import Config
-    from raysim.privacy.population import ClientLevelPlan
+
+#: A ``raysim.privacy.population.ClientLevelPlan`` (not imported: the plan imports the mechanisms).
+Plan = Any
 
 __all__ = ["ClientMechanism"]
 
@@ -61,23 +63,23 @@ class ClientMechanism:
         """The run's strategy (a correlated mechanism's factorisation; None) and its sensitivity (1)."""
         return None, 1.0
 
-    def epsilon(self, plan: ClientLevelPlan, sigma: float, rounds: int) -> float:
+    def epsilon(self, plan: Plan, sigma: float, rounds: int) -> float:
         """ε at ``plan.delta`` after the first ``rounds`` rounds of ``plan`` at the noise multiplier ``sigma``
         (the calibration calls it with candidate σ's, the book with the plan's own)."""
         raise NotImplementedError
 
-    def stepwise(self, plan: ClientLevelPlan) -> bool:
+    def stepwise(self, plan: Plan) -> bool:
         """Whether its rounds are add/remove ``StepEvent`` s (:meth:`round_event`; Poisson or full cohorts of
         independent Gaussians): then the population's ε is an incremental ledger of them, which
         :meth:`epsilon` must agree with, and the private tuning has their RDP curve."""
         return False
 
-    def round_event(self, plan: ClientLevelPlan, sigma: float, server_round: int) -> Any:
+    def round_event(self, plan: Plan, sigma: float, server_round: int) -> Any:
         """Round ``server_round``'s release at the noise multiplier ``sigma`` as a ``StepEvent``
         (:meth:`stepwise` mechanisms)."""
         raise ValueError("only Poisson-sampled or full cohorts are StepEvents")
 
-    def new_stream(self, plan: ClientLevelPlan, size: int) -> Any:
+    def new_stream(self, plan: Plan, size: int) -> Any:
         """The correlated noise's streaming state for ``size`` coordinates (a ``StreamingNoise``)."""
         raise ValueError(f"privacy.mechanism={self.name} has no correlated noise stream")
 

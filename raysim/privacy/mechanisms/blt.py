@@ -18,6 +18,7 @@ with small log-barrier terms that keep the BLT in the well-behaved class (θ, θ
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -28,7 +29,8 @@ from scipy.optimize import minimize
 
 from raysim.privacy.mechanisms.toeplitz import max_participations, minsep_sensitivity_squared
 
-__all__ = ["BLT", "optimize_blt", "blt_max_loss", "blt_sensitivity_squared", "blt_max_error", "BLTNoise"]
+__all__ = ["BLT", "optimize_blt", "blt_max_loss", "blt_sensitivity_squared", "blt_max_error", "BLTNoise",
+           "BLTStrategy", "blt_for", "strategy_sensitivity"]
 
 _PENALTY = 1e-8            # weight of the barrier terms against the normalised loss
 _MIN_GAP = 1e-12           # smallest gap between two decays of one BLT
@@ -291,3 +293,43 @@ class BLTNoise:
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         self.buffers = state["buffers"].clone()
+
+
+def strategy_sensitivity(blt: BLTStrategy, rounds: int, groups: int) -> float:
+    """Sensitivity of the first ``rounds`` rows of the BLT strategy, participations ``groups`` apart."""
+    return math.sqrt(blt_sensitivity_squared(blt.blt, rounds, groups, max_participations(rounds, groups)))
+
+
+#: A BLT run starts with 1 buffer and adds one while the loss improves by more than this factor (at most 4).
+BLT_BUFFER_GAIN = 1.01
+BLT_MAX_BUFFERS = 4
+
+
+@dataclass(frozen=True)
+class BLTStrategy:
+    """A BLT optimised for a run: ``rounds`` T, its groups G (the minimum separation)."""
+
+    blt: BLT
+    rounds: int
+
+    @property
+    def buffers(self) -> int:
+        return self.blt.buffers
+
+
+@functools.lru_cache(maxsize=16)
+def blt_for(rounds: int, groups: int) -> BLTStrategy:
+    """The BLT for T rounds and participations G apart (at most ⌈T/G⌉): buffers added while they help.
+    A pure function of (T, G), kept for the process's later runs (a sweep, a resumed run)."""
+    k = max_participations(rounds, groups)
+    best, best_loss = BLT.build([], []), blt_max_loss(BLT.build([], []), rounds, groups, k)
+    for buffers in range(1, BLT_MAX_BUFFERS + 1):
+        try:
+            blt = optimize_blt(rounds, buffers, groups, k, init=best if best.buffers else None)
+        except RuntimeError:   # no feasible end point with this many buffers: keep the best so far
+            break
+        loss = blt_max_loss(blt, rounds, groups, k)
+        if not loss * BLT_BUFFER_GAIN < best_loss:
+            break
+        best, best_loss = blt, loss
+    return BLTStrategy(best, rounds)

@@ -1,9 +1,10 @@
 """The built-in client-level mechanisms: gaussian, tree, blt, bandmf (docs/privacy.md, "Client-level DP").
 
 Each is a :class:`~raysim.privacy.mechanisms.base.ClientMechanism`; the registry registers them in this
-order. Their mathematics lives in :mod:`raysim.privacy.population` (tree noise, the strategies optimised
-for a run), :mod:`~raysim.privacy.mechanisms.blt` and :mod:`~raysim.privacy.mechanisms.bandmf`, imported
-when a method is called, so that the config validates without torch.
+order. Their mathematics lives in :mod:`~raysim.privacy.mechanisms.blt` and
+:mod:`~raysim.privacy.mechanisms.bandmf` (the strategies optimised for a run, streamed noise) and in
+:mod:`raysim.privacy.population` (the tree's noise), imported when a method is called: importing this
+module imports no torch.
 """
 
 from __future__ import annotations
@@ -14,11 +15,10 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from raysim.lazy import LazyModule
-from raysim.privacy.mechanisms.base import ClientMechanism
+from raysim.privacy.mechanisms.base import ClientMechanism, Plan
 
 if TYPE_CHECKING:
     from raysim.config import Config
-    from raysim.privacy.population import ClientLevelPlan
 
 dp_accounting = LazyModule("dp_accounting")
 rdp_privacy_accountant = LazyModule("dp_accounting.rdp.rdp_privacy_accountant")
@@ -32,7 +32,7 @@ def _rdp_epsilon(event: Any, relation: Any, delta: float) -> float:
     return max(float(acc.get_epsilon(delta)), 0.0)
 
 
-def _multipliers(plan: ClientLevelPlan, sigma: float, rounds: int) -> list[float]:
+def _multipliers(plan: Plan, sigma: float, rounds: int) -> list[float]:
     return [sigma * m for m in plan.schedule[:rounds]]
 
 
@@ -48,14 +48,14 @@ class Gaussian(ClientMechanism):
     varying_sigma = True
     canary_audit = True
 
-    def epsilon(self, plan: ClientLevelPlan, sigma: float, rounds: int) -> float:
+    def epsilon(self, plan: Plan, sigma: float, rounds: int) -> float:
         return independent_epsilon(plan.sampling, plan.population, plan.cohort, _multipliers(plan, sigma, rounds),
                                    plan.delta, plan.accountant)
 
-    def stepwise(self, plan: ClientLevelPlan) -> bool:
+    def stepwise(self, plan: Plan) -> bool:
         return plan.sampling in ("poisson", "full")
 
-    def round_event(self, plan: ClientLevelPlan, sigma: float, server_round: int) -> Any:
+    def round_event(self, plan: Plan, sigma: float, server_round: int) -> Any:
         from raysim.privacy.accounting import StepEvent
         return StepEvent(plan.sample_rate, sigma * plan.schedule[server_round - 1], 1)
 
@@ -95,7 +95,7 @@ class Tree(ClientMechanism):
     def sampling(self, cfg: Config) -> str:
         return "shuffle"
 
-    def epsilon(self, plan: ClientLevelPlan, sigma: float, rounds: int) -> float:
+    def epsilon(self, plan: Plan, sigma: float, rounds: int) -> float:
         multipliers = _multipliers(plan, sigma, rounds)
         if not len(multipliers):
             return 0.0
@@ -125,14 +125,14 @@ class _Correlated(ClientMechanism):
                 f"Poisson sampling; set participation=poisson (fixed-size or shuffled cohorts have no accounting "
                 f"with correlated noise here)")
 
-    def epsilon(self, plan: ClientLevelPlan, sigma: float, rounds: int) -> float:
+    def epsilon(self, plan: Plan, sigma: float, rounds: int) -> float:
         if rounds <= 0:
             return 0.0
         if sigma == 0.0:
             return math.inf
         return self.correlated_epsilon(plan, sigma, rounds)
 
-    def correlated_epsilon(self, plan: ClientLevelPlan, sigma: float, rounds: int) -> float:
+    def correlated_epsilon(self, plan: Plan, sigma: float, rounds: int) -> float:
         raise NotImplementedError
 
 
@@ -143,19 +143,19 @@ class BLTMechanism(_Correlated):
     name = "blt"
 
     def strategy(self, cfg: Config, groups: int) -> tuple[Any, float]:
-        from raysim.privacy.population import blt_for, strategy_sensitivity
+        from raysim.privacy.mechanisms.blt import blt_for, strategy_sensitivity
         strategy = blt_for(cfg.rounds, groups)
         return strategy, strategy_sensitivity(strategy, cfg.rounds, groups)
 
-    def correlated_epsilon(self, plan: ClientLevelPlan, sigma: float, rounds: int) -> float:
+    def correlated_epsilon(self, plan: Plan, sigma: float, rounds: int) -> float:
         from raysim.privacy.accounting import StepEvent, compute_epsilon
-        from raysim.privacy.population import strategy_sensitivity
+        from raysim.privacy.mechanisms.blt import strategy_sensitivity
         strategy, groups = plan.strategy, plan.groups
         full = strategy_sensitivity(strategy, strategy.rounds, groups)
         return compute_epsilon([StepEvent(1.0, sigma * full / strategy_sensitivity(strategy, rounds, groups), 1)],
                                plan.delta, plan.accountant)
 
-    def new_stream(self, plan: ClientLevelPlan, size: int) -> Any:
+    def new_stream(self, plan: Plan, size: int) -> Any:
         from raysim.privacy.mechanisms.blt import BLTNoise
         return BLTNoise(plan.strategy.blt, size)
 
@@ -167,16 +167,16 @@ class BandMFMechanism(_Correlated):
     name = "bandmf"
 
     def strategy(self, cfg: Config, groups: int) -> tuple[Any, float]:
-        from raysim.privacy.population import bandmf_for
+        from raysim.privacy.mechanisms.bandmf import bandmf_for
         return bandmf_for(cfg.rounds, min(groups, cfg.rounds)), 1.0
 
-    def correlated_epsilon(self, plan: ClientLevelPlan, sigma: float, rounds: int) -> float:
+    def correlated_epsilon(self, plan: Plan, sigma: float, rounds: int) -> float:
         from raysim.privacy.accounting import StepEvent, compute_epsilon
         from raysim.privacy.mechanisms.bandmf import amplified_steps
         return compute_epsilon([StepEvent(plan.rate, sigma, amplified_steps(rounds, plan.groups))], plan.delta,
                                plan.accountant)
 
-    def new_stream(self, plan: ClientLevelPlan, size: int) -> Any:
+    def new_stream(self, plan: Plan, size: int) -> Any:
         from raysim.privacy.mechanisms.bandmf import BandMFNoise
         return BandMFNoise(np.asarray(plan.strategy), size)
 
