@@ -146,7 +146,7 @@ class ClientLevelPlan:
 
     def step_events(self, rounds: int) -> list[StepEvent]:
         """The Poisson (or full) rounds as :class:`StepEvent` (add/remove): the private tuning's RDP input."""
-        if not self.spec.stepwise(self):
+        if not self.spec.stepwise(self.sampling):
             raise ValueError("only Poisson-sampled or full cohorts are StepEvents")
         return [self.spec.round_event(self, self.sigma, t) for t in range(1, min(rounds, len(self.schedule)) + 1)]
 
@@ -157,7 +157,7 @@ class ClientLevelPlan:
 
     def new_ledger(self) -> PrivacyLedger | None:
         """An incremental ledger for the Poisson (or full) rounds; None for the RDP-only cohorts."""
-        if self.spec.stepwise(self):
+        if self.spec.stepwise(self.sampling):
             return PrivacyLedger(self.delta, self.accountant)
         return None
 

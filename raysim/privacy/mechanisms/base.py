@@ -68,9 +68,9 @@ class ClientMechanism:
         (the calibration calls it with candidate σ's, the book with the plan's own)."""
         raise NotImplementedError
 
-    def stepwise(self, plan: Plan) -> bool:
-        """Whether its rounds are add/remove ``StepEvent`` s (:meth:`round_event`; Poisson or full cohorts of
-        independent Gaussians): then the population's ε is an incremental ledger of them, which
+    def stepwise(self, sampling: str) -> bool:
+        """Whether its rounds, on cohorts drawn as ``sampling`` (:meth:`sampling`), are add/remove
+        ``StepEvent`` s (:meth:`round_event`; Poisson or full cohorts of independent Gaussians): then the population's ε is an incremental ledger of them, which
         :meth:`epsilon` must agree with, and the private tuning has their RDP curve."""
         return False
 

@@ -52,8 +52,8 @@ class Gaussian(ClientMechanism):
         return independent_epsilon(plan.sampling, plan.population, plan.cohort, _multipliers(plan, sigma, rounds),
                                    plan.delta, plan.accountant)
 
-    def stepwise(self, plan: Plan) -> bool:
-        return plan.sampling in ("poisson", "full")
+    def stepwise(self, sampling: str) -> bool:
+        return sampling in ("poisson", "full")
 
     def round_event(self, plan: Plan, sigma: float, server_round: int) -> Any:
         from raysim.privacy.accounting import StepEvent
