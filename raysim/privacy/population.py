@@ -190,8 +190,10 @@ def _sampling(cfg: Config) -> str:
 
 def keeps_rdp_curve(cfg: Config) -> bool:
     """Whether a client-unit run's rounds are Poisson-subsampled (or full) Gaussian releases, the only ones
-    whose RDP curve it keeps (``runs.rdp_epsilons``, what a private tune composes)."""
-    return cfg.privacy.mechanism == "gaussian" and _sampling(cfg) in ("poisson", "full")
+    whose RDP curve it keeps (``runs.rdp_epsilons``, what a private tune composes): the mechanism's
+    :meth:`~raysim.privacy.mechanisms.base.ClientMechanism.stepwise`."""
+    mech = get_mechanism(cfg.privacy.mechanism)
+    return mech.stepwise(mech.sampling(cfg))
 
 
 ADJACENCY = {
