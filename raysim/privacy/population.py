@@ -80,7 +80,7 @@ class ClientLevelPlan:
     """The noise and accounting of a client-level run (see the module docstring)."""
 
     mechanism: str                 # privacy.mechanism: a registered mechanism's name (:attr:`spec`)
-    sampling: str                  # poisson | uniform | full | shuffle
+    sampling: str                  # poisson | uniform | full | shuffle | cyclic (the mechanism's sampling(cfg))
     adjacency: str                 # what adjacent federations differ in, as the runs table names it
     population: int                # N (or the deployment's N')
     cohort: int                    # k (or k'): the expected cohort size the noise is sized for
