@@ -47,7 +47,7 @@ class ClientMechanism:
     deployment: bool = False
     #: Accounts a noise multiplier that changes by round (a method's σ schedule).
     varying_sigma: bool = False
-    #: The canary-client audit (``raysim audit-clients``) can audit it.
+    #: The canary-client audit (``raysim audit`` under ``privacy.unit=client``) can audit it.
     canary_audit: bool = False
 
     def sampling(self, cfg: Config) -> str:
