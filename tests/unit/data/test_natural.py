@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -60,6 +61,18 @@ def test_parse_play_speakers_directions_and_casing():
     assert not any("Enter" in line or "Attendants" in line for lines in roles.values() for line in lines)
 
 
+def test_later_level_1_headings_are_sections_of_the_play_and_a_missing_title_is_given():
+    sections = PLAY + "\n# EPILOGUE\n\n**BOB**  \nA fifth.\n"
+    title, roles = natural.parse_play(sections)
+    assert title == "The Tragedy of Tests" and roles["BOB"][-1] == "A fifth."
+    untitled = PLAY.replace("# The Tragedy of Tests\n", "")
+    assert natural.parse_play(untitled, "Fallback")[0] == "Fallback"
+    assert set(natural.role_texts([untitled], ["Fallback"])) == {"Fallback_ALICE", "Fallback_BOB"}
+    with pytest.raises(ValueError, match="no title"):
+        natural.role_texts([untitled])
+    assert natural.play_title(Path("measure-for-measure.md")) == "Measure for Measure"
+
+
 def test_role_texts_drop_short_roles_and_join_lines_as_leaf_does():
     texts = natural.role_texts([PLAY])
     assert set(texts) == {"The_Tragedy_of_Tests_ALICE", "The_Tragedy_of_Tests_BOB"}   # CAROL: 1 line, dropped
@@ -94,13 +107,17 @@ def test_the_built_federation_counts_are_pinned():
     files = natural._play_files()
     assert len(files) == 38
     plays = [f.read_text(encoding="utf-8") for f in files]
-    texts = natural.role_texts(plays)
+    texts = natural.role_texts(plays, [natural.play_title(f) for f in files])
     sizes = np.array([max(len(t) - natural.SEQ_LEN, 0) for t in texts.values()])
-    assert len(texts) == 1188 and int((sizes > 0).sum()) == 1169 and int(sizes.sum()) == 4_041_199
+    assert len(texts) == 1195 and int((sizes > 0).sum()) == 1176 and int(sizes.sum()) == 4_058_986
+    # every role is named after its own play (no section heading, no play without a title)
+    titles = {natural.parse_play(p, natural.play_title(f))[0] for p, f in zip(plays, files)}
+    assert len(titles) == 38 and "Measure for Measure" in titles and "Edward III" in titles
+    assert all(any(u.startswith(natural.user_id(t, "")) for t in titles) for u in texts)
     splits = [natural.split_user("shakespeare", user, int(n)) for user, n in zip(texts, sizes)]
     kept = [s for s in splits if s is not None]
-    assert len(kept) == 846
-    assert sum(len(tr) for tr, _ in kept) == 3_188_704 and sum(len(te) for _, te in kept) == 730_763
+    assert len(kept) == 850
+    assert sum(len(tr) for tr, _ in kept) == 3_202_184 and sum(len(te) for _, te in kept) == 733_820
 
 
 def _users_dataset(rng: np.random.Generator, users: int = 6) -> ArrayDataset:
