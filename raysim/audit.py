@@ -52,7 +52,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from raysim.algorithms.registry import get_method, resolve_preset
 from raysim.algorithms.uploads import UploadContext, gaussian_uploads
 from raysim.client import ClientRunner
 from raysim.config import Config, ConfigError
@@ -63,9 +62,10 @@ from raysim.models import init_parameters, model_for
 from raysim.privacy.accounting import StepEvent, compute_epsilon
 from raysim.privacy.audit_bound import epsilon_lower_bound, score_audit, score_audit_ceiling
 from raysim.privacy.grad_sample import LayerCanaries, SparseExamples, make_engine, parametrised_layers
-from raysim.privacy.plan import accounting_factor, resolve_clipping
+from raysim.privacy.plan import accounting_factor
 from raysim.rng import np_generator, torch_generator
 from raysim.run_data import make_partition
+from raysim.run_plan import ActorNeeds, RunPlan, plan_run
 from raysim.training import example_norm_pass, sample_rate, steps_per_epoch
 
 __all__ = ["AuditError", "AuditResult", "LayerAudit", "SideChannelAudit", "RecordAudit", "audit_ceiling",
@@ -467,23 +467,24 @@ def _layer_thresholds(clip: float | Sequence[float], k: int) -> float:
     return float(clip[k]) if isinstance(clip, (tuple, list)) else float(clip)
 
 
-def run_audit(cfg: Config, canaries: int = 10000, guess_fraction: float = 0.1, client_id: int = 0,
+def run_audit(plan: RunPlan | Config, canaries: int = 10000, guess_fraction: float = 0.1, client_id: int = 0,
               canary_norm: float = 10.0) -> AuditResult:
-    """Audit the DP-SGD releases of client ``client_id`` in the run ``cfg`` (see the module docstring)."""
+    """Audit the DP-SGD releases of client ``client_id`` in the run ``plan`` (a config is planned first; see
+    the module docstring)."""
     from raysim.simulation import Simulation, TrainingDiverged
 
     _check_options(canaries, guess_fraction)
-    cfg = resolve_preset(cfg)
-    spec = get_method(cfg.method)
-    clipping = resolve_clipping(spec, cfg)
+    plan = plan_run(plan)
+    spec, clipping = plan.spec, plan.clipping
     if clipping == "none":
         raise ConfigError("nothing to audit: privacy.clipping=none makes no DP claim")
     # In this process, no checkpoints, each client's update kept, and the test set scored once at the end
-    # (nothing trains on it).
-    cfg = cfg.replace(runtime=dataclasses.replace(cfg.runtime, executor="serial", checkpoint_every=0,
-                                                  sum_on_actors=False),
-                      eval_every=cfg.rounds)
-    train, test = prepare(cfg)
+    # (nothing trains on it). Neither changes what the run releases or its privacy; the audit writes no rows.
+    cfg = plan.cfg.replace(runtime=dataclasses.replace(plan.cfg.runtime, executor="serial", checkpoint_every=0,
+                                                       sum_on_actors=False),
+                           eval_every=plan.cfg.rounds)
+    plan = dataclasses.replace(plan, cfg=cfg, needs=ActorNeeds.of(cfg))
+    train, test = prepare(plan)
     client = make_partition(cfg, train)[client_id]
     x0 = to_float_tensor(train.x[client.train_indices[:1]], train.info)
     n = len(client.train_indices)
@@ -531,7 +532,7 @@ def run_audit(cfg: Config, canaries: int = 10000, guess_fraction: float = 0.1, c
         return at_step
 
     executor = _AuditExecutor(client_id, canaries_for)
-    sim = Simulation(cfg, train, test, executor)
+    sim = Simulation(plan, train, test, executor)
     try:
         for _ in sim.run():
             pass
@@ -582,13 +583,13 @@ NOT_AUDITED = {
 }
 
 
-def audit_side_channels(cfg: Config, releases: int = 10000, guess_fraction: float = 0.1,
+def audit_side_channels(plan: RunPlan | Config, releases: int = 10000, guess_fraction: float = 0.1,
                         client_id: int = 0) -> tuple[SideChannelAudit, ...]:
-    """Audit each Gaussian upload of ``cfg``'s method through its own client function (module docstring)."""
+    """Audit each Gaussian upload of the run ``plan``'s method through its own client function (module
+    docstring); a config is planned first."""
     _check_options(releases, guess_fraction)
-    cfg = resolve_preset(cfg)
-    spec = get_method(cfg.method)
-    clipping = resolve_clipping(spec, cfg)
+    plan = plan_run(plan)
+    cfg, spec, clipping = plan.cfg, plan.spec, plan.clipping
     uploads = gaussian_uploads(spec.uploads(cfg)) if clipping != "none" else []
     if not uploads:
         return ()
@@ -600,7 +601,7 @@ def audit_side_channels(cfg: Config, releases: int = 10000, guess_fraction: floa
                                                                           "the per-example gradient norms")))
             continue
         if norms is None:
-            train, _ = prepare(cfg)
+            train, _ = prepare(plan)
             client = make_partition(cfg, train)[client_id]
             x = to_float_tensor(train.x[client.train_indices], train.info)
             y = torch.from_numpy(train.y[client.train_indices].astype(np.int64))
@@ -636,6 +637,7 @@ def audit_side_channels(cfg: Config, releases: int = 10000, guess_fraction: floa
     return tuple(out)
 
 
-def record_level_audit(cfg: Config, canaries: int = 10000, guess_fraction: float = 0.1) -> RecordAudit:
+def record_level_audit(plan: RunPlan | Config, canaries: int = 10000, guess_fraction: float = 0.1) -> RecordAudit:
     """The record-level audit ``raysim audit`` prints: DP-SGD, then the Gaussian side channels."""
-    return RecordAudit(run_audit(cfg, canaries, guess_fraction), audit_side_channels(cfg, canaries, guess_fraction))
+    plan = plan_run(plan)
+    return RecordAudit(run_audit(plan, canaries, guess_fraction), audit_side_channels(plan, canaries, guess_fraction))

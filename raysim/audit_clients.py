@@ -42,7 +42,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from raysim.algorithms.registry import get_method, resolve_preset
 from raysim.config import Config, ConfigError
 from raysim.experiment import prepare
 from raysim.messages import ClientTask
@@ -50,6 +49,7 @@ from raysim.privacy.accounting import AccountingError
 from raysim.privacy.audit_bound import epsilon_two_gaussians, score_audit, score_audit_ceiling
 from raysim.privacy.mechanisms.registry import get_mechanism
 from raysim.rng import np_generator, torch_generator
+from raysim.run_plan import RunPlan, plan_run
 from raysim.simulation import Executor, Simulation, TrainingDiverged
 
 __all__ = ["ClientAuditResult", "run_client_audit", "audited_epsilon"]
@@ -121,26 +121,27 @@ def _direction(seed: int, j: int, size: int) -> torch.Tensor:
     return u / u.norm()
 
 
-def run_client_audit(cfg: Config, executor: Executor, canaries: int = 1000,
+def run_client_audit(plan: RunPlan | Config, executor: Executor, canaries: int = 1000,
                      canary_norm: float = 10.0) -> ClientAuditResult:
-    """Audit the client-level mechanism of ``cfg`` with canary clients (see the module docstring), training
-    on ``executor``, which must train in this process (the CLI gives the serial executor)."""
+    """Audit the client-level mechanism of the run ``plan`` (a config is planned first) with canary clients
+    (see the module docstring), training on ``executor``, which must train in this process (the CLI gives the serial executor)."""
     if canaries < 10:
         raise ConfigError(f"--canaries must be >= 10, got {canaries}")
-    cfg = resolve_preset(cfg)
+    plan = plan_run(plan)
+    cfg = plan.cfg
     if cfg.privacy.unit != "client":
         raise ClientAuditError("the canary-client audit is for privacy.unit=client")
     if not get_mechanism(cfg.privacy.mechanism).canary_audit:
         raise ClientAuditError(f"the canary-client audit draws its canaries as the gaussian mechanism's cohorts and "
                                f"the tree's passes; privacy.mechanism={cfg.privacy.mechanism} is not audited")
-    spec = get_method(cfg.method)
+    spec = plan.spec
     kinds = {u.release.kind for u in spec.uploads(cfg)} - {"joint", "diagnostic"}
     if kinds:
         raise ClientAuditError(f"method {cfg.method!r} uploads values ({', '.join(sorted(kinds))}) that canary "
                                f"clients cannot make; the audit covers methods whose uploads are the update and "
                                f"its joint count")
-    train, test = prepare(cfg)
-    sim = Simulation(cfg, train, test, executor)
+    train, test = prepare(plan)
+    sim = Simulation(plan, train, test, executor)
     runner = getattr(sim.executor, "runner", None)
     if runner is None:
         sim.executor.shutdown()

@@ -18,12 +18,12 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 import yaml
 
 __all__ = ["ConfigError", "Config", "register_section", "method_sections", "fail", "check_choice", "load_config", "config_from_dict", "apply_overrides", "config_to_dict",
-           "config_hash", "parse_override", "run_id_for", "result_hash", "CLIPPING_MODES", "PARTICIPATION_MODES",
+           "config_hash", "parse_override", "result_hash", "CLIPPING_MODES", "PARTICIPATION_MODES",
            "MODEL_NAMES", "PRIVACY_UNITS", "DEFAULT_MECHANISM", "add_mechanism",
            "remove_mechanism", "client_mechanism", "client_mechanisms"]
 
@@ -632,32 +632,12 @@ _DATA_HASHED_UNLESS_DEFAULT = (("max_samples_per_user", None),)
 RESULT_RUNTIME_KEYS = ("torch_threads", "sum_on_actors")
 
 
-#: ``(cfg, section name) -> bool``: whether the run ``cfg`` uses that method section (installed by the
-#: method registry: the run's method owns the section and has it switched on). None: every section counts.
-_SECTION_IN_USE: list[Callable[[Config, str], bool]] = []
-
-
-def set_section_use(rule: Callable[[Config, str], bool]) -> None:
-    _SECTION_IN_USE[:] = [rule]
-
-
-#: ``cfg -> cfg`` with its method's presets applied (installed by the method registry), so that a config
-#: naming a preset (``feddimdp-no-adpc``) and the same config resolved have one run id.
-_RESOLVE_PRESET: list[Callable[[Config], Config]] = []
-
-
-def set_preset_resolver(resolve: Callable[[Config], Config]) -> None:
-    _RESOLVE_PRESET[:] = [resolve]
-
-
-def result_hash(cfg: Config) -> str:
+def result_hash(cfg: Config, sections: Collection[str] | None = None) -> str:
     """Hash of every config key that changes results: the generic keys, the hold-out size as resolved,
-    ``runtime.torch_threads`` and the method sections the run uses. Where and how fast a run executes
-    does not change its results (the determinism test), so the other runtime keys and the data paths are
-    not part of it, nor are the sections of other methods (or of components switched off). Presets are
-    resolved first: a run has the same id before and after its preset switches are filled in."""
-    if _RESOLVE_PRESET:
-        cfg = _RESOLVE_PRESET[0](cfg)
+    ``runtime.torch_threads`` and the method sections in ``sections`` (None: every section). Where and how
+    fast a run executes does not change its results (the determinism test), so the other runtime keys and the
+    data paths are not part of it. A run's id (:func:`raysim.run_plan.run_id_for`) hashes its config with
+    its method's presets applied and only the sections the run uses."""
     d = dataclasses.replace(cfg.data, root=None, cache_dir=None, download=False, server_holdout=server_holdout_size(cfg))
     values = config_to_dict(cfg.replace(data=d))
     values["runtime"] = {key: values["runtime"][key] for key in RESULT_RUNTIME_KEYS}
@@ -671,13 +651,8 @@ def result_hash(cfg: Config) -> str:
             del values["data"][key]
     del values["plugins"]   # where the code comes from; the names it registers are in the config
     values["privacy"].pop("allow_uncovered", None)   # permits a release, changes no result
-    if _SECTION_IN_USE:
+    if sections is not None:
         for name, _ in cfg.sections:
-            if not _SECTION_IN_USE[0](cfg, name):
+            if name not in sections:
                 del values[name]
     return _hash_dict(values)
-
-
-def run_id_for(cfg: Config) -> str:
-    """A run's stable id: readable prefix + hash of the result-relevant config."""
-    return f"{cfg.method}-{cfg.data.name}-s{cfg.seed}-{result_hash(cfg)[:10]}"

@@ -8,28 +8,22 @@ from typing import Any
 
 from tqdm import tqdm
 
-from raysim.config import Config
 from raysim.results.rows import epsilon_label
+from raysim.run_plan import RunPlan
 from raysim.simulation import RoundRecord, SetupRecord
 
 
 class RunProgress:
     """``method dataset: round k/T | acc 0.812 | ε 3.21 (per-client)`` on stderr (whose ε: ``epsilon_scope``)."""
 
-    def __init__(self, cfg: Config) -> None:
-        self.cfg = cfg
+    def __init__(self, plan: RunPlan) -> None:
+        cfg = self.cfg = plan.cfg
         self.bar = tqdm(total=cfg.rounds, desc=f"{cfg.method} {cfg.data.name} seed={cfg.seed}", unit="round",
                         file=sys.stderr, dynamic_ncols=True, leave=True)
         self.bar.set_postfix_str("starting actors…")
         self.last_eval: tuple[int, float, float] | None = None
-        from raysim.algorithms.registry import get_method, resolve_preset
-        from raysim.privacy.plan import epsilon_exceptions, resolve_clipping
-        from raysim.privacy.population import epsilon_scope
-        resolved = resolve_preset(cfg)
-        spec = get_method(resolved.method)
         #: the uploads ε does not cover (privacy.allow_uncovered), and whose ε it is, shown beside ε
-        self.exceptions = epsilon_exceptions(spec, resolved, resolve_clipping(spec, resolved))
-        self.scope = epsilon_scope(resolved)
+        self.exceptions, self.scope = plan.epsilon_exceptions, plan.epsilon_scope
 
     def setup(self, setup: SetupRecord) -> None:
         sig = setup.max_noise_multiplier

@@ -27,7 +27,6 @@ import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from raysim.algorithms.base import MethodContext
-from raysim.algorithms.registry import get_method, resolve_preset
 from raysim.allocator import configure_process
 from raysim.client import eval_where
 from raysim.config import Config, ConfigError
@@ -39,11 +38,12 @@ from raysim.participation import participation_schedule
 from raysim.privacy.accounting import PrivacyLedger
 from raysim.privacy.book import PopulationBook, PrivacyBook, max_planned
 from raysim.privacy.grad_sample import layer_slices
-from raysim.privacy.plan import ParticipationPlan, not_covered, resolve_clipping
-from raysim.privacy.population import client_level_plan, epsilon_scope
+from raysim.privacy.plan import ParticipationPlan, not_covered
+from raysim.privacy.population import client_level_plan
 from raysim.results import rows
 from raysim.rng import torch_generator
 from raysim.run_data import prepare_run_data
+from raysim.run_plan import RunPlan, plan_run
 from raysim.state_store import ClientStateStore
 from raysim.training import sample_rate, steps_per_epoch
 
@@ -80,7 +80,7 @@ class Executor(Protocol):
     """True when clients train in other processes, so that :meth:`Simulation.run` may evaluate
     round t while round t+1 trains."""
 
-    def start(self, cfg: Config, clipping: str, train: Any) -> None:
+    def start(self, plan: RunPlan, train: Any) -> None:
         """Begin starting the workers; may return before they are ready (they start while the server plans)."""
     def ready(self) -> None:
         """Block until every worker can take tasks."""
@@ -162,20 +162,21 @@ class _Aggregated:
 class Simulation:
     """One run's server side. Iterate :meth:`run` to execute it round by round."""
 
-    def __init__(self, cfg: Config, train: ArrayDataset, test: ArrayDataset, executor: Executor,
+    def __init__(self, plan: RunPlan | Config, train: ArrayDataset, test: ArrayDataset, executor: Executor,
                  train_handle: Any = None, state_dir: str | None = None) -> None:
-        """``state_dir``: where large client states are spilled (the results folder's
-        ``checkpoints/<run_id>/client_states``); None keeps them in memory."""
+        """``plan``: the run's :class:`~raysim.run_plan.RunPlan` (a config is planned first). ``state_dir``:
+        where large client states are spilled (the results folder's ``checkpoints/<run_id>/client_states``);
+        None keeps them in memory."""
         started = time.perf_counter()
         self.state_dir = state_dir
+        plan = self.run_plan = plan_run(plan)
+        cfg = self.cfg = plan.cfg
         configure_process(cfg.runtime)
-        cfg = resolve_preset(cfg)   # the one place a run's presets are resolved (idempotent for callers that did)
-        self.cfg = cfg
-        self.spec = get_method(cfg.method)
-        self.clipping = resolve_clipping(self.spec, cfg)
+        self.spec = plan.spec
+        self.clipping = plan.clipping
         self.executor = executor
         # The workers start (processes, imports, model) while this process partitions and calibrates σ.
-        executor.start(cfg, self.clipping, train if train_handle is None else train_handle)
+        executor.start(plan, train if train_handle is None else train_handle)
         try:
             self._plan(cfg, train, test)
             executor.ready()
@@ -208,7 +209,7 @@ class Simulation:
             client_level = None
             self.privacy = PrivacyBook(self.spec, cfg, self.clipping, self.q, self.steps, self.schedule)
         self.full_participation = self.privacy.full_participation
-        self.epsilon_scope = epsilon_scope(cfg)   # whose ε the rows carry
+        self.epsilon_scope = self.run_plan.epsilon_scope   # whose ε the rows carry
         self.model = model_for(cfg, train.info, self.spec.model_options(cfg))
         init_parameters(self.model, torch_generator(cfg.train_seed, "model-init"))
         with torch.no_grad():

@@ -23,10 +23,13 @@ import hashlib
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from raysim.config import (Config, ConfigError, apply_overrides, cli_overrides, config_from_dict, config_to_dict,
                            dotted_get, read_yaml)
+
+if TYPE_CHECKING:
+    from raysim.run_plan import RunPlan
 
 __all__ = ["Sweep", "load_sweep", "expand_sweep", "check_sweep", "read_statuses", "sweep_id_for", "run_label"]
 
@@ -38,12 +41,8 @@ class Sweep:
     name: str
     sweep_id: str
     configs: tuple[Config, ...]
+    run_ids: tuple[str, ...]   # the configs' run ids, in the same order
     duplicates: int = 0   # grid points that resolved to a run already listed
-
-    @property
-    def run_ids(self) -> list[str]:
-        from raysim.config import run_id_for
-        return [run_id_for(c) for c in self.configs]
 
 
 def run_label(cfg: Config) -> str:
@@ -146,7 +145,7 @@ def file_base(spec: Any, kind: str, keys: Sequence[str], base_dir: Path) -> dict
 def expand_sweep(spec: Mapping[str, Any], *, name: str, base_dir: Path = Path("."),
                  overrides: Sequence[tuple[str, Any]] = ()) -> Sweep:
     """Expand a parsed sweep file into validated, de-duplicated configs (grid order, last key fastest)."""
-    from raysim.config import run_id_for
+    from raysim.run_plan import run_id_for
     base = file_base(spec, "sweep", _SWEEP_KEYS, base_dir)
     name = str(spec.get("name") or name)
     if isinstance(base.get("method"), list):
@@ -160,7 +159,7 @@ def expand_sweep(spec: Mapping[str, Any], *, name: str, base_dir: Path = Path(".
     base_values = apply_overrides(dict(base), list(overrides))
 
     configs: list[Config] = []
-    seen: set[str] = set()
+    seen: dict[str, None] = {}   # run ids in grid order
     used_rules: set[int] = set()
     duplicates = 0
     for point in itertools.product(*(values for _, values in grid)):
@@ -180,12 +179,12 @@ def expand_sweep(spec: Mapping[str, Any], *, name: str, base_dir: Path = Path(".
         if run_id in seen:
             duplicates += 1
             continue
-        seen.add(run_id)
+        seen[run_id] = None
         configs.append(cfg)
     for rule in rules:
         if rule.index not in used_rules:
             raise ConfigError(f"sweep overrides entry {rule.index}: `when` {dict(rule.when)} matches no grid point")
-    return Sweep(name, sweep_id_for(name, list(seen)), tuple(configs), duplicates)
+    return Sweep(name, sweep_id_for(name, list(seen)), tuple(configs), tuple(seen), duplicates)
 
 
 def load_sweep(path: str | Path, overrides: Sequence[str] = (), data_root: str | None = None,
@@ -196,15 +195,18 @@ def load_sweep(path: str | Path, overrides: Sequence[str] = (), data_root: str |
                         overrides=cli_overrides(tuple(overrides), data_root, address))
 
 
-def check_sweep(sweep: Sweep) -> None:
-    """Registry and privacy-plan checks for every run, before anything starts (cheap: no data is read): each
-    run is planned as ``raysim run`` plans it (:func:`raysim.experiment.plan_run`, presets resolved first)."""
-    from raysim.experiment import plan_run
+def check_sweep(sweep: Sweep) -> list[RunPlan]:
+    """Plan every run of the sweep as ``raysim run`` plans it (:func:`raysim.run_plan.plan_run`: presets
+    applied, then the registry and privacy-plan checks) before anything starts; cheap, no data is read.
+    Returns the plans, in the sweep's order."""
+    from raysim.run_plan import plan_run
+    plans = []
     for cfg in sweep.configs:
         try:
-            plan_run(cfg)
+            plans.append(plan_run(cfg))
         except ValueError as exc:
             raise ConfigError(f"sweep run ({run_label(cfg)}): {exc}") from None
+    return plans
 
 
 def read_statuses(sweep: Sweep, results_dir: str) -> dict[str, dict[str, Any] | None]:

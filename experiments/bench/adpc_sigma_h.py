@@ -19,25 +19,25 @@ import time
 
 import numpy as np
 
-from raysim.algorithms.registry import get_method, resolve_preset
 from raysim.config import ConfigError, apply_overrides, cli_overrides, config_from_dict, read_yaml
 from raysim.data import load_dataset
-from raysim.privacy.plan import plan_noise, resolve_clipping
+from raysim.privacy.plan import plan_noise
 from raysim.run_data import make_partition
+from raysim.run_plan import plan_run
 from raysim.training import sample_rate, steps_per_epoch
 
 GRID = (5, 10, 15, 20, 25, 30, 40, 50, 60, 80, 100)
 
 
 def sigmas(cfg) -> np.ndarray:
-    cfg = resolve_preset(cfg)
-    spec = get_method(cfg.method)
+    plan = plan_run(cfg)
+    cfg, spec = plan.cfg, plan.spec
     train = load_dataset(cfg.data.name, "train", cfg.data.root, cache_dir=cfg.data.cache_dir)
     clients = make_partition(cfg, train)
     n = np.array([len(c.train_indices) for c in clients])
     q = np.array([sample_rate(int(k), cfg.batch_size) for k in n])
     steps = np.array([steps_per_epoch(int(k), cfg.batch_size) * cfg.local_epochs for k in n])
-    return plan_noise(spec, cfg, resolve_clipping(spec, cfg), q, steps)
+    return plan_noise(spec, cfg, plan.clipping, q, steps)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -92,13 +92,14 @@ stamp("interpreter up")
 import raysim.cli, raysim.experiment, raysim.runtime.driver, ray
 stamp("imports (raysim.cli, raysim.experiment, raysim.runtime.driver)")
 from raysim.config import apply_overrides, cli_overrides, config_from_dict, read_yaml
-from raysim.experiment import check_config, prepare
-cfg = check_config(config_from_dict(apply_overrides(read_yaml(sys.argv[2]), cli_overrides(sys.argv[3:-1], sys.argv[-1]))))
-data = prepare(cfg)
+from raysim.experiment import prepare
+from raysim.run_plan import plan_run
+plan = plan_run(config_from_dict(apply_overrides(read_yaml(sys.argv[2]), cli_overrides(sys.argv[3:-1], sys.argv[-1]))))
+data = prepare(plan)
 stamp("config, data loaded from the cache, preflight partition")
 raysim.runtime.driver.init_ray()
 stamp("ray.init (a fresh local Ray)")
-setup, records, driver, warm = raysim.runtime.driver.ray_rounds(cfg, *data)
+setup, records, driver, warm = raysim.runtime.driver.ray_rounds(plan, *data)
 stamp("actors and driver actor started, run planned (set-up done)")
 it = iter(records)
 next(it)

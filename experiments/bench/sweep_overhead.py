@@ -31,14 +31,14 @@ from raysim.results import read_table  # noqa: E402
 from raysim.runtime import execute_row  # noqa: E402
 from raysim.runtime.driver import init_ray  # noqa: E402
 from raysim.runtime.sweep_runner import run_sweep  # noqa: E402
-from raysim.sweep import load_sweep  # noqa: E402
+from raysim.sweep import check_sweep, load_sweep  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def one_sweep(sweep, reuse: bool, folder: str, max_concurrent: int | None) -> dict:
     t0 = time.perf_counter()
-    outcomes = run_sweep(sweep.configs, folder, sweep.sweep_id, run_one=execute_row, reuse_actors=reuse,
+    outcomes = run_sweep(check_sweep(sweep), folder, sweep.sweep_id, run_one=execute_row, reuse_actors=reuse,
                          max_concurrent=max_concurrent)
     wall = time.perf_counter() - t0
     failed = [o for o in outcomes if o.status != "completed"]

@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from raysim.config import run_id_for
+from raysim.run_plan import run_id_for
 from raysim.results import read_table
 from raysim.runtime import execute
 from raysim.tune import Candidate, candidates, choose, config_for, load_tune, search_runs

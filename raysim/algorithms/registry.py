@@ -19,7 +19,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from raysim.config import (Config, ConfigError, add_section_loader, config_from_dict, config_to_dict, dotted_get,
-                           dotted_set, register_section, set_preset_resolver, set_section_use, unregister_section)
+                           dotted_set, register_section, unregister_section)
 
 if TYPE_CHECKING:
     from raysim.algorithms.base import MethodSpec
@@ -83,7 +83,8 @@ def resolve_preset(cfg: Config) -> Config:
     """Apply the preset switches of ``cfg.method`` (e.g. ``feddimdp-no-adpc`` sets ``feddimdp.adpc=false``).
 
     Preset keys default to null (unset); a value the user set that contradicts the preset is a config
-    error. The resolved config (what the runs table stores) shows the switches used. Idempotent.
+    error. The resolved config (what the runs table stores) shows the switches used. Idempotent. A run
+    applies them once, when it is planned (:func:`raysim.run_plan.plan_run`).
     """
     spec = get_method(cfg.method)
     if not spec.preset:
@@ -112,23 +113,4 @@ def load_methods() -> None:
     plugins.load()
 
 
-def section_in_use(cfg: Config, name: str) -> bool:
-    """Whether the run ``cfg`` uses the method section ``name``: its method (presets resolved) owns the
-    section and, for a switchable component, has it on (``MethodSpec.uses_section``). A config that names
-    no single registered method (a list, an unknown name) counts every section."""
-    load_methods()
-    if not isinstance(cfg.method, str) or cfg.method not in _METHODS:
-        return True
-    spec = _METHODS[cfg.method]
-    return name in spec.params and spec.uses_section(resolve_preset(cfg), name)
-
-
-def _resolved(cfg: Config) -> Config:
-    """``cfg`` with its presets resolved; a config that names no single registered method as it is."""
-    load_methods()
-    return resolve_preset(cfg) if isinstance(cfg.method, str) and cfg.method in _METHODS else cfg
-
-
 add_section_loader(load_methods)
-set_section_use(section_in_use)
-set_preset_resolver(_resolved)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from raysim.cli.common import add_run_options
 from raysim.config import ConfigError, apply_overrides, cli_overrides, config_from_dict, read_yaml
@@ -23,14 +24,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_audit)
 
 
-def _client_audit(cfg, args: argparse.Namespace) -> int:
-    """``privacy.unit=client``: canary clients (``raysim.audit_clients``), trained in this process."""
+def _client_audit(plan: Any, args: argparse.Namespace) -> int:
+    """``privacy.unit=client``: canary clients (``raysim.audit_clients``), trained in this process; ``plan``
+    is the run's :class:`~raysim.run_plan.RunPlan`."""
+    cfg = plan.cfg
     if args.guess_fraction is not None:
         raise ConfigError("--guess-fraction is for privacy.unit=example; the canary-client audit chooses its "
                           "threshold on the scores")
     from raysim.audit_clients import run_client_audit
     from raysim.runtime.serial import SerialExecutor
-    found = run_client_audit(cfg, SerialExecutor(), canaries=args.canaries if args.canaries is not None else 1000)
+    found = run_client_audit(plan, SerialExecutor(), canaries=args.canaries if args.canaries is not None else 1000)
     if args.json:
         print(json.dumps(found.as_dict()))
         return 0
@@ -58,13 +61,14 @@ def cmd_audit(args: argparse.Namespace) -> int:
     cfg = config_from_dict(values)
     if cfg.privacy.epsilon is None and cfg.privacy.noise_multiplier is None:
         raise ConfigError("the audit needs privacy.epsilon or privacy.noise_multiplier")
+    from raysim.run_plan import plan_run
+    plan = plan_run(cfg)
     if cfg.privacy.unit == "client":
-        return _client_audit(cfg, args)
-    from raysim.algorithms.registry import get_method
+        return _client_audit(plan, args)
     from raysim.audit import record_level_audit
-    report = record_level_audit(cfg, canaries=args.canaries if args.canaries is not None else 10000,
+    report = record_level_audit(plan, canaries=args.canaries if args.canaries is not None else 10000,
                                 guess_fraction=args.guess_fraction if args.guess_fraction is not None else 0.1)
-    caveat = get_method(cfg.method).audit_caveat
+    caveat = plan.spec.audit_caveat
     # whose ε: the audited client's own DP-SGD releases (the run's per-client ε, less its side channels)
     scope = "per-client: the audited client's DP-SGD releases"
     if args.json:

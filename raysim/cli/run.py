@@ -24,6 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from raysim.experiment import prepare
+    from raysim.run_plan import plan_run
     from raysim.runtime import execute
     from raysim.progress import RunProgress
     from raysim.results.sink import check_results_dir
@@ -32,18 +33,18 @@ def cmd_run(args: argparse.Namespace) -> int:
                              cli_overrides(list(args.overrides), args.data_root, args.address))
     methods = values.get("method", "fedavg")
     methods = methods if isinstance(methods, list) else [methods]
-    configs = [config_from_dict({**values, "method": m}) for m in methods]
-    data = [prepare(cfg) for cfg in configs]   # every user error surfaces before anything runs
+    plans = [plan_run(config_from_dict({**values, "method": m})) for m in methods]
+    data = [prepare(plan) for plan in plans]   # every user error surfaces before anything runs
     if args.dry_run:
-        from raysim.config import run_id_for
-        for cfg in configs:
-            print(f"{run_id_for(cfg)}  {cfg.method} on {cfg.data.name}: {cfg.num_clients} clients, {cfg.rounds} rounds, "
+        for plan in plans:
+            cfg = plan.cfg
+            print(f"{plan.run_id}  {cfg.method} on {cfg.data.name}: {cfg.num_clients} clients, {cfg.rounds} rounds, "
                   f"seed {cfg.seed}")
         return 0
     rows = []
-    for cfg, pair in zip(configs, data):
-        with RunProgress(cfg) as progress:
-            summary = execute(cfg, args.results_dir, on_setup=progress.setup, on_round=progress.round, data=pair,
+    for plan, pair in zip(plans, data):
+        with RunProgress(plan) as progress:
+            summary = execute(plan, args.results_dir, on_setup=progress.setup, on_round=progress.round, data=pair,
                               restart=args.restart)
         rows.append(summary.row)
     print_run_summary(rows, args.results_dir)

@@ -10,7 +10,8 @@ import time
 from typing import Any, Sequence
 
 from raysim.cli.common import add_run_options, print_table
-from raysim.config import Config, ConfigError
+from raysim.config import ConfigError
+from raysim.run_plan import RunPlan
 from raysim.sweep import Sweep, check_sweep, load_sweep, read_statuses, run_label
 
 SWEEP_COLUMNS = [("run_id", "run_id"), ("alpha", "α"), ("status", "status"), ("final_test_accuracy", "accuracy"),
@@ -39,13 +40,12 @@ def add_sweep_options(p: argparse.ArgumentParser) -> None:
 class SweepProgress:
     """One tqdm bar over the rounds still to run: runs done / running / queued / failed, and ETA."""
 
-    def __init__(self, sweep: Sweep, todo: Sequence[Config], results_dir: str) -> None:
+    def __init__(self, sweep: Sweep, todo: Sequence[RunPlan], results_dir: str) -> None:
         from tqdm import tqdm
-        from raysim.config import run_id_for
         from raysim.results import ResultsSink
         self.sink = ResultsSink(results_dir)
-        self.rounds = {run_id_for(c): c.rounds for c in todo}
-        self.labels = {run_id_for(c): run_label(c) for c in todo}
+        self.rounds = {p.run_id: p.cfg.rounds for p in todo}
+        self.labels = {p.run_id: run_label(p.cfg) for p in todo}
         self.running: dict[str, int] = {}
         self.done_rounds = 0
         self.completed = self.failed = self.queued = 0
@@ -134,7 +134,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from raysim.results.sink import check_results_dir
     check_results_dir(args.results_dir)
     sweep = load_sweep(args.sweep, args.overrides, args.data_root, args.address)
-    check_sweep(sweep)
+    plans = check_sweep(sweep)
     results_dir = args.results_dir
     if "://" not in results_dir:
         if not os.path.isabs(results_dir) and "runtime_resources" in os.getcwd():
@@ -142,8 +142,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                   f"pass an absolute path (or s3://…) to keep the results", file=sys.stderr)
         results_dir = os.path.abspath(results_dir)   # the run tasks' working directory may differ
     rows = read_statuses(sweep, results_dir)
-    todo = [cfg for cfg, run_id in zip(sweep.configs, sweep.run_ids)
-            if (rows[run_id] or {}).get("status") != "completed"]
+    todo = [plan for plan in plans if (rows[plan.run_id] or {}).get("status") != "completed"]
     skipped = len(sweep.configs) - len(todo)
     dup = f" ({sweep.duplicates} duplicate grid points merged)" if sweep.duplicates else ""
     print(f"sweep {sweep.sweep_id}: {len(sweep.configs)} runs{dup}, {skipped} already completed, {len(todo)} to run",
@@ -158,7 +157,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def execute_sweep(sweep: Sweep, todo: Sequence[Config], results_dir: str, args: argparse.Namespace,
+def execute_sweep(sweep: Sweep, todo: Sequence[RunPlan], results_dir: str, args: argparse.Namespace,
                   kept_pool: Any = None) -> None:
     """Run ``todo`` (runs of ``sweep``) in parallel on Ray with a progress bar (``args``: the sweep options;
     ``kept_pool``: a ``KeptPool`` whose warm actors outlive this sweep)."""

@@ -29,10 +29,10 @@ def _run_stage(tune: Any, stage: str, runs: Sequence[Any], results_dir: str, arg
     from raysim.sweep import check_sweep, read_statuses
     from raysim.tune import as_sweep, diverged
     sweep = as_sweep(tune, stage, runs)
-    check_sweep(sweep)
+    plans = check_sweep(sweep)
     rows = read_statuses(sweep, results_dir)
-    todo = [cfg for cfg, run_id in zip(sweep.configs, sweep.run_ids)
-            if (rows[run_id] or {}).get("status") != "completed" and not diverged(rows[run_id])]
+    todo = [plan for plan in plans
+            if (rows[plan.run_id] or {}).get("status") != "completed" and not diverged(rows[plan.run_id])]
     print(f"tune {tune.name}, {stage}: {len(sweep.configs)} runs, {len(sweep.configs) - len(todo)} done, "
           f"{len(todo)} to run", flush=True)
     if todo and not args.dry_run:

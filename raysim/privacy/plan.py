@@ -10,7 +10,7 @@ schedule is public and drawn up front, so each client is planned for exactly its
 (:class:`ParticipationPlan`), lazily, the first time it trains.
 
 Every function here takes the run's config with its method's presets already resolved
-(``raysim.algorithms.registry.resolve_preset``, done once when the run is prepared).
+(done once, when the run is planned: ``raysim.run_plan.plan_run``).
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from raysim.config import Config, config_to_dict, run_id_for
+from raysim.config import Config, config_to_dict
+from raysim.run_plan import RunPlan, run_id_for
 from raysim.privacy.population import privacy_scope
 
 __all__ = ["run_row", "round_row", "client_rows", "code_version", "now", "epsilon_label", "exceptions_of"]
@@ -35,11 +36,12 @@ def now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-def run_row(cfg: Config, sweep_id: str | None, status: str) -> dict[str, Any]:
-    """The runs row of ``cfg`` as it starts (also what a sweep records for a run that failed before
-    writing a row of its own)."""
+def run_row(plan: RunPlan | Config, sweep_id: str | None, status: str) -> dict[str, Any]:
+    """The runs row of the run ``plan`` as it starts (also what a sweep records, from the config, for a run
+    that failed before writing a row of its own)."""
+    cfg = plan.cfg if isinstance(plan, RunPlan) else plan
     return {
-        "run_id": run_id_for(cfg), "sweep_id": sweep_id, "method": cfg.method, "dataset": cfg.data.name,
+        "run_id": run_id_for(plan), "sweep_id": sweep_id, "method": cfg.method, "dataset": cfg.data.name,
         "partition": cfg.data.partition, "alpha": cfg.data.alpha if cfg.data.partition == "dirichlet" else None,
         "seed": cfg.seed, "num_clients": cfg.num_clients, "rounds": cfg.rounds,
         "config": json.dumps(config_to_dict(cfg), sort_keys=True), "status": status, "start_time": now(),

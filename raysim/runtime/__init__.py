@@ -14,6 +14,7 @@ from raysim.config import Config
 
 if TYPE_CHECKING:
     from raysim.experiment import DriverHost, RunSummary
+    from raysim.run_plan import RunPlan
 
 __all__ = ["driver_host_for", "execute", "execute_row", "head_starts"]
 
@@ -49,15 +50,18 @@ def head_starts(cfg: Config, placement_group: Any = None, pool: Any = None) -> b
             and not r.address and not os.environ.get("RAY_ADDRESS") and not ray.is_initialized())
 
 
-def execute(cfg: Config, results_dir: str, *, placement_group: Any = None, pool: Any = None,
+def execute(plan: "RunPlan | Config", results_dir: str, *, placement_group: Any = None, pool: Any = None,
             head_start: Any = None, **kwargs: Any) -> "RunSummary":
-    """Run ``cfg`` on the driver host it names (:func:`driver_host_for`); ``kwargs`` go to ``run_experiment``."""
+    """Run ``plan`` (a config is planned first) on the driver host it names (:func:`driver_host_for`);
+    ``kwargs`` go to ``run_experiment``."""
     from raysim.experiment import run_experiment
-    return run_experiment(cfg, results_dir, driver_host_for(cfg, placement_group, pool, head_start), **kwargs)
+    from raysim.run_plan import plan_run
+    plan = plan_run(plan)
+    return run_experiment(plan, results_dir, driver_host_for(plan.cfg, placement_group, pool, head_start), **kwargs)
 
 
-def execute_row(cfg: Config, results_dir: str, *, sweep_id: str | None = None, placement_group: Any = None,
+def execute_row(plan: "RunPlan | Config", results_dir: str, *, sweep_id: str | None = None, placement_group: Any = None,
                 pool: Any = None, head_start: Any = None, restart: bool = False) -> dict[str, Any]:
     """:func:`execute` returning the final runs row: the ``run_one`` a sweep is given."""
-    return execute(cfg, results_dir, sweep_id=sweep_id, placement_group=placement_group, pool=pool,
+    return execute(plan, results_dir, sweep_id=sweep_id, placement_group=placement_group, pool=pool,
                    head_start=head_start, restart=restart).row

@@ -18,17 +18,20 @@ from __future__ import annotations
 import math
 import os
 import uuid
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 import ray
 
 from raysim.allocator import spin_less
+from raysim.run_plan import ActorNeeds, RunPlan
 
 if TYPE_CHECKING:
     from raysim.client import ClientRunner
-    from raysim.config import Config, DataConfig, RuntimeConfig
+    from raysim.config import Config
     from raysim.messages import ClientData, ClientResult, ClientTask, RoundPayload
+
+#: A run's setup as every task carries it: (token, plan, [train arrays ref]).
+Setup = tuple[str, RunPlan, list]
 
 __all__ = ["ActorNeeds", "ClientActor", "actor_count", "cpus_per_actor", "first_active", "start_client_actors",
            "warm_actors"]
@@ -38,8 +41,8 @@ __all__ = ["ActorNeeds", "ClientActor", "actor_count", "cpus_per_actor", "first_
 class ClientActor:
     """Hosts one :class:`~raysim.client.ClientRunner`; trains whichever client a task names.
 
-    Every task carries its run's setup ``(token, cfg, clipping, [train arrays ref])`` (one object
-    per run): the actor (re)configures its runner whenever the token changes, so a warm actor lent
+    Every task carries its run's setup ``(token, plan, [train arrays ref])`` (one object per run; the
+    plan is the run's :class:`~raysim.run_plan.RunPlan`): the actor (re)configures its runner whenever the token changes, so a warm actor lent
     to the next run of a sweep, or an actor Ray restarted mid-run, always trains with the run's
     own configuration and data.
     """
@@ -59,35 +62,35 @@ class ClientActor:
     def ready(self) -> bool:
         return True
 
-    def warm(self, setup: tuple[str, Config, str, list]) -> bool:
+    def warm(self, setup: Setup) -> bool:
         """Import the training side and configure for the run now (an active actor, at start-up)."""
         self._runner(setup)
         return True
 
-    def _runner(self, setup: tuple[str, Config, str, list]) -> ClientRunner:
+    def _runner(self, setup: Setup) -> ClientRunner:
         from raysim.client import ClientRunner
-        token, cfg, clipping, train_ref = setup
+        token, plan, train_ref = setup
         if self.runner is None or train_ref[0] != self.train_ref:
             # The train arrays travel as a reference inside each run's setup, not as a constructor
             # argument: an actor that Ray restarts fetches them again at its next task.
             self.train_ref = train_ref[0]
-            self.runner = ClientRunner(cfg, clipping, ray.get(train_ref[0]))
+            self.runner = ClientRunner(plan.cfg, plan.clipping, ray.get(train_ref[0]))
             self.token = token
             self.trained = set()
         elif token != self.token:
-            self.runner.configure(cfg, clipping)
+            self.runner.configure(plan.cfg, plan.clipping)
             self.token = token
             self.trained = set()
         return self.runner
 
     def train(self, payload: RoundPayload, task: ClientTask, client: ClientData,
-              setup: tuple[str, Config, str, list]) -> ClientResult:
+              setup: Setup) -> ClientResult:
         runner = self._runner(setup)
         self.trained.add(task.client_id)
         return runner.train(payload, task, client)
 
     def train_many(self, payload: RoundPayload, tasks: list[ClientTask], clients: list[ClientData],
-                   setup: tuple[str, Config, str, list], sum_updates: bool = False) -> Any:
+                   setup: Setup, sum_updates: bool = False) -> Any:
         """Several clients of one round, one after another (one Ray task for an actor's share). With
         ``sum_updates`` (``runtime.sum_on_actors``): (the results without their Δ, the share's Σ_i w_i Δ_i as
         a float64 array), :func:`raysim.algorithms.base.fold_updates`."""
@@ -99,7 +102,7 @@ class ClientActor:
         return results, total.numpy()   # an array travels without a copy into pickle's stream
 
     def train_apart(self, payload: RoundPayload, tasks: list[ClientTask], clients: list[ClientData],
-                    setup: tuple[str, Config, str, list]) -> list[tuple[ClientResult, Any]]:
+                    setup: Setup) -> list[tuple[ClientResult, Any]]:
         """Several clients of one round, each as (its result with ‖Δ‖ and without Δ, Δ as an array): the
         driver reads Δ in place from the object store and folds it into the round's sum
         (:meth:`raysim.runtime.ray_executor.RayExecutor.collect`)."""
@@ -109,7 +112,7 @@ class ClientActor:
             out.append((r.without_delta(), r.delta.numpy()))
         return out
 
-    def evaluate(self, weights: Any, test: tuple, setup: tuple[str, Config, str, list]) -> tuple[list[float], Any]:
+    def evaluate(self, weights: Any, test: tuple, setup: Setup) -> tuple[list[float], Any]:
         """Per-batch losses and predictions of the global model on ``test`` = (x, y): this actor's part
         of an evaluation that the executor splits at batch boundaries."""
         return self._runner(setup).eval_batches(weights, *test)
@@ -122,22 +125,6 @@ class ClientActor:
     def where(self) -> dict[str, Any]:
         return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
                 "clients": sorted(self.trained)}
-
-
-@dataclass(frozen=True)
-class ActorNeeds:
-    """The part of a run's :class:`~raysim.config.Config` that the functions below read (its number of
-    clients, its data and runtime sections): what a run sends a sweep's pool. A whole ``Config``
-    carries every registered method's section, and unpickling it imports those methods' modules,
-    torch with them."""
-
-    num_clients: int
-    data: DataConfig
-    runtime: RuntimeConfig
-
-    @classmethod
-    def of(cls, cfg: Config) -> "ActorNeeds":
-        return cls(cfg.num_clients, cfg.data, cfg.runtime)
 
 
 def actor_count(cfg: Config | ActorNeeds, resources: dict[str, float] | None = None) -> int:
@@ -190,9 +177,9 @@ def first_active(cfg: Config | ActorNeeds, actors: Sequence[Any]) -> list[Any]:
     return list(actors[:max(1, math.floor(len(actors) * cpus_per_actor(cfg, len(actors)) + 0.05))])
 
 
-def warm_actors(cfg: Config, clipping: str, actors: Sequence[Any], train_ref: list) -> list[Any]:
+def warm_actors(plan: RunPlan, actors: Sequence[Any], train_ref: list) -> list[Any]:
     """Tell the actors that will train (:func:`first_active`) to import torch and build the run's model
     now, while the server starts and plans; returns the refs to wait on. The run's executor re-targets
     them with its own token (a model rebuild; the float rows normalised so far stay)."""
-    setup = (f"warm-{uuid.uuid4().hex}", cfg, clipping, train_ref)
-    return [a.warm.remote(setup) for a in first_active(cfg, actors)]
+    setup = (f"warm-{uuid.uuid4().hex}", plan, train_ref)
+    return [a.warm.remote(setup) for a in first_active(plan.needs, actors)]

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any, Iterator
 import ray
 
 from raysim.allocator import spin_less
-from raysim.runtime.client_actor import ActorNeeds, start_client_actors, warm_actors
+from raysim.runtime.client_actor import start_client_actors, warm_actors
 
 if TYPE_CHECKING:
-    from raysim.config import Config
+    from raysim.run_plan import RunPlan
     from raysim.runtime.ray_executor import RayExecutor
     from raysim.simulation import RoundRecord, SetupRecord, Simulation
 
@@ -31,14 +31,14 @@ class DriverActor:
         self.executor: RayExecutor | None = None
         self.sim: Simulation | None = None
 
-    def open(self, cfg: Config, train_ref: list, test_ref: list, placement_group: Any = None,
+    def open(self, plan: RunPlan, train_ref: list, test_ref: list, placement_group: Any = None,
              resume: bytes | None = None, actors: list | None = None, state_dir: str | None = None) -> SetupRecord:
         # Imported here, not with the module: a sweep's pool actor receives this class to create
         # driver actors, and must not load torch and the server side for it.
         from raysim.runtime.ray_executor import RayExecutor
         from raysim.simulation import Simulation
         self.executor = RayExecutor(placement_group, actors or ())
-        self.sim = Simulation(cfg, ray.get(train_ref[0]), ray.get(test_ref[0]), self.executor, train_handle=train_ref,
+        self.sim = Simulation(plan, ray.get(train_ref[0]), ray.get(test_ref[0]), self.executor, train_handle=train_ref,
                               state_dir=state_dir)
         if resume is not None:
             self.sim.restore(resume)
@@ -91,29 +91,27 @@ def _pinned_options(placement_group: Any) -> dict[str, Any]:
     return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group)}
 
 
-def ray_rounds(cfg: Config, train: Any, test: Any, placement_group: Any = None, resume: bytes | None = None,
+def ray_rounds(plan: RunPlan, train: Any, test: Any, placement_group: Any = None, resume: bytes | None = None,
                pool: Any = None, state_dir: str | None = None) -> tuple[SetupRecord, Iterator[RoundRecord], Any, bool]:
     """Start (or borrow from ``pool``) a driver actor and client actors for one run; returns its
     setup, the round stream, the driver actor, and whether the actors were warm (from the pool).
     ``state_dir`` (where the driver actor spills client states) must be reachable from the driver
     actor's node: shared storage or a URI on a multi-node cluster, like the results folder."""
     if pool is not None:
-        needs = ActorNeeds.of(cfg)
+        needs = plan.needs
         driver, actors, warm = ray.get(pool.acquire.remote(needs, DriverActor))
         train_ref = ray.get(pool.data.remote(needs, None if ray.get(pool.has_data.remote(needs)) else [ray.put(train)]))
     else:
         warm = False
         # Client actors first, then the driver actor: their processes start while the data is put.
-        actors = start_client_actors(cfg, placement_group)
+        actors = start_client_actors(plan.needs, placement_group)
         driver = DriverActor.options(**_pinned_options(placement_group)).remote()
         train_ref = [ray.put(train)]
     if not warm:   # the training actors import torch and build the model while the driver actor starts and plans
-        from raysim.algorithms.registry import get_method
-        from raysim.privacy.plan import resolve_clipping
-        warm_actors(cfg, resolve_clipping(get_method(cfg.method), cfg), actors, train_ref)
+        warm_actors(plan, actors, train_ref)
     test_ref = [ray.put(test)]
     try:
-        setup = ray.get(driver.open.remote(cfg, train_ref, test_ref, placement_group, resume, actors, state_dir))
+        setup = ray.get(driver.open.remote(plan, train_ref, test_ref, placement_group, resume, actors, state_dir))
     except BaseException:
         _end(driver, pool, actors, ok=False)
         raise
@@ -189,9 +187,9 @@ class RayDriverHost:
         self.placement_group = placement_group
         self.pool = pool
 
-    def start(self, cfg: Config, train: Any, test: Any, resume: bytes | None = None,
+    def start(self, plan: RunPlan, train: Any, test: Any, resume: bytes | None = None,
               state_dir: str | None = None) -> tuple[SetupRecord, Iterator[RoundRecord], dict[str, Any]]:
         init_ray(self.address)
-        setup, records, driver, warm = ray_rounds(cfg, train, test, self.placement_group, resume, self.pool,
+        setup, records, driver, warm = ray_rounds(plan, train, test, self.placement_group, resume, self.pool,
                                                   state_dir)
         return setup, records, {**run_placement(driver), "warm_actors": warm}

@@ -28,8 +28,8 @@ import threading
 from typing import TYPE_CHECKING, Any, Iterator, Protocol, Sequence
 
 from raysim.client import ClientRunner, eval_where
-from raysim.config import Config
 from raysim.messages import ClientData, ClientResult, ClientTask, RoundPayload
+from raysim.run_plan import RunPlan
 from raysim.simulation import RoundRecord, SetupRecord, Simulation
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ class RaySide(Protocol):
     #: whether that thread must stay alive until :meth:`end` (it started Ray's processes)
     parks: bool
 
-    def start(self, cfg: Config, clipping: str, train: Any, planned: threading.Event,
+    def start(self, plan: RunPlan, train: Any, planned: threading.Event,
               ended: threading.Event) -> "RayExecutor | None":
         """The run's executor on Ray (None: the run ``ended`` first and needs none). ``planned`` is set once
         the run is planned (partition, σ calibration, model) or has ended: Ray's processes start after it,
@@ -63,7 +63,7 @@ class LocalRay:
     #: parent thread), and Ray then takes seconds to shut down.
     parks = True
 
-    def start(self, cfg: Config, clipping: str, train: Any, planned: threading.Event,
+    def start(self, plan: RunPlan, train: Any, planned: threading.Event,
               ended: threading.Event) -> "RayExecutor | None":
         from raysim.runtime.driver import init_ray
         from raysim.runtime.ray_executor import RayExecutor
@@ -72,7 +72,7 @@ class LocalRay:
             return None
         init_ray(None)
         remote = RayExecutor()
-        remote.start(cfg, clipping, train)
+        remote.start(plan, train)
         return remote
 
     def end(self, remote: "RayExecutor | None", ok: bool) -> None:
@@ -96,16 +96,16 @@ class HeadStartExecutor:
         self._release = threading.Event()   # set once the Ray side has ended: a parked starting thread may end
         self._start_error: BaseException | None = None
 
-    def start(self, cfg: Config, clipping: str, train: Any) -> None:
-        self.cfg, self.clipping, self.train = cfg, clipping, train
-        self.runner = ClientRunner(cfg, clipping, train)
+    def start(self, plan: RunPlan, train: Any) -> None:
+        self.plan, self.cfg, self.train = plan, plan.cfg, train
+        self.runner = ClientRunner(plan.cfg, plan.clipping, train)
         threading.Thread(target=self._start_ray, name="raysim-ray-start", daemon=True).start()
 
     def _start_ray(self) -> None:
         """Have the Ray side start the run's actors; then stay alive until the run ends if it must
         (:attr:`LocalRay.parks`)."""
         try:
-            self.remote = self.side.start(self.cfg, self.clipping, self.train, self._planned, self._ended)
+            self.remote = self.side.start(self.plan, self.train, self._planned, self._ended)
         except BaseException as exc:   # raised in the training thread by _on_ray
             self._start_error = exc
         finally:
@@ -214,10 +214,10 @@ class HeadStartHost:
     def __init__(self, ray_side: RaySide | None = None) -> None:
         self.ray_side = ray_side
 
-    def start(self, cfg: Config, train: Any, test: Any, resume: bytes | None = None,
+    def start(self, plan: RunPlan, train: Any, test: Any, resume: bytes | None = None,
               state_dir: str | None = None) -> tuple[SetupRecord, Iterator[RoundRecord], dict[str, Any]]:
         executor = HeadStartExecutor(self.ray_side)
-        sim = Simulation(cfg, train, test, executor, state_dir=state_dir)
+        sim = Simulation(plan, train, test, executor, state_dir=state_dir)
         if resume is not None:
             sim.restore(resume)
         return sim.setup, _Rounds(sim, executor), executor.placement

@@ -36,7 +36,7 @@ import torch
 
 from raysim.algorithms.flat import Sum64
 from raysim.client import eval_where
-from raysim.config import Config
+from raysim.run_plan import RunPlan
 from raysim.messages import ClientData, ClientResult, ClientTask, RoundPayload
 from raysim.metrics import summarize
 from raysim.runtime.client_actor import actor_count, cpus_per_actor, first_active, start_client_actors
@@ -100,14 +100,15 @@ class RayExecutor:
         self.train_ref: list | None = None
         self._pending: list[Any] = []
 
-    def start(self, cfg: Config, clipping: str, train: Any) -> None:
+    def start(self, plan: RunPlan, train: Any) -> None:
         """Ask Ray for the actors (or re-target the given ones) and return at once: they start while
         the server plans the run."""
         train_ref = train if isinstance(train, list) else [ray.put(train)]
         # Held for the executor's lifetime: an actor Ray restarts fetches the arrays again through the
         # setup of its next task, so they must still exist in the object store then.
         self.train_ref = train_ref
-        self.setup_ref = ray.put((uuid.uuid4().hex, cfg, clipping, train_ref))
+        self.setup_ref = ray.put((uuid.uuid4().hex, plan, train_ref))
+        cfg = plan.cfg
         self._active: list[Any] | None = None
         self.gpu = cfg.runtime.num_gpus_per_client > 0
         self.cpus = cpus_per_actor(cfg, len(self.actors) or actor_count(cfg))

@@ -6,7 +6,7 @@ from typing import Any, Iterator, Sequence
 
 from raysim.algorithms.base import fold_updates
 from raysim.client import ClientRunner, eval_where
-from raysim.config import Config
+from raysim.run_plan import RunPlan
 from raysim.messages import ClientData, ClientResult, ClientTask, RoundPayload
 from raysim.simulation import RoundRecord, SetupRecord, Simulation
 
@@ -18,8 +18,8 @@ class SerialExecutor:
         self.runner: ClientRunner | None = None
         self.total: Any = None
 
-    def start(self, cfg: Config, clipping: str, train: Any) -> None:
-        self.runner = ClientRunner(cfg, clipping, train)
+    def start(self, plan: RunPlan, train: Any) -> None:
+        self.runner = ClientRunner(plan.cfg, plan.clipping, train)
 
     def ready(self) -> None:
         return None
@@ -57,9 +57,9 @@ class SerialExecutor:
 class InProcessDriverHost:
     """Runs the whole simulation in this process, clients one after another (no Ray)."""
 
-    def start(self, cfg: Config, train: Any, test: Any, resume: bytes | None = None,
+    def start(self, plan: RunPlan, train: Any, test: Any, resume: bytes | None = None,
               state_dir: str | None = None) -> tuple[SetupRecord, Iterator[RoundRecord], dict[str, Any]]:
-        sim = Simulation(cfg, train, test, SerialExecutor(), state_dir=state_dir)
+        sim = Simulation(plan, train, test, SerialExecutor(), state_dir=state_dir)
         if resume is not None:
             sim.restore(resume)
         return sim.setup, sim.run(), {}

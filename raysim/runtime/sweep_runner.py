@@ -31,7 +31,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raysim.config import Config
-from raysim.config import run_id_for
+from raysim.run_plan import RunPlan
 from raysim.runtime import head_starts
 from raysim.runtime.driver import init_ray
 # Imported here, not where it is used: in a Ray job's entrypoint, a module first imported after
@@ -61,21 +61,21 @@ class SweepListener(Protocol):
 
 @dataclass
 class _Planned:
-    cfg: Config
+    run: RunPlan
     bundles: list[dict[str, float]]   # empty: serial executor, the run task holds the CPUs itself
     demand: dict[str, float]
 
 
-def size_run(cfg: Config) -> _Planned:
+def size_run(plan: RunPlan) -> _Planned:
     """Fix the run's per-actor CPUs (so the actors ask for exactly what the bundles hold) and its bundles."""
-    r = cfg.runtime
+    r = plan.cfg.runtime
     if r.executor == "serial":
-        return _Planned(cfg, [], {"CPU": float(r.torch_threads)})
-    num_actors = actor_count(cfg)
-    cpus = cpus_per_actor(cfg, num_actors)
-    cfg = cfg.replace(runtime=dataclasses.replace(r, num_cpus_per_client=cpus))
+        return _Planned(plan, [], {"CPU": float(r.torch_threads)})
+    num_actors = actor_count(plan.needs)
+    cpus = cpus_per_actor(plan.needs, num_actors)
+    plan = plan.with_runtime(dataclasses.replace(r, num_cpus_per_client=cpus))
     bundle = {"CPU": cpus, **({"GPU": r.num_gpus_per_client} if r.num_gpus_per_client > 0 else {})}
-    return _Planned(cfg, [dict(bundle) for _ in range(num_actors)], {k: v * num_actors for k, v in bundle.items()})
+    return _Planned(plan, [dict(bundle) for _ in range(num_actors)], {k: v * num_actors for k, v in bundle.items()})
 
 
 def _fits(plan: _Planned, totals: dict[str, float]) -> bool:
@@ -92,7 +92,7 @@ def default_concurrency(plans: Sequence[_Planned], totals: dict[str, float]) -> 
     return int(max(1, fit if math.isfinite(fit) else 1))
 
 
-#: How a sweep runs one experiment: ``run_one(cfg, results_dir, sweep_id=..., placement_group=...)``
+#: How a sweep runs one experiment: ``run_one(plan, results_dir, sweep_id=..., placement_group=...)``
 #: returns the final runs row (with ``pool=`` when actors are pooled, and ``head_start=`` for a
 #: head-start first run). The sweep receives it (``raysim.runtime.execute_row``, adapted by the CLI)
 #: instead of importing the experiment module.
@@ -130,11 +130,10 @@ class SweepRay:
         self._error = error
         self._up.set()
 
-    def start(self, cfg: Config, clipping: str, train: Any, planned: threading.Event,
+    def start(self, plan: RunPlan, train: Any, planned: threading.Event,
               ended: threading.Event) -> "RayExecutor | None":
         """The run's executor on the sweep's Ray, once the run is planned and that Ray is up; None if the
         run ``ended`` meanwhile (it borrows no actors then)."""
-        from raysim.runtime.client_actor import ActorNeeds
         from raysim.runtime.ray_executor import RayExecutor
         planned.wait()
         self.wanted.set()
@@ -143,18 +142,18 @@ class SweepRay:
             raise self._error
         if ended.is_set():
             return None
-        cfg = size_run(cfg).cfg   # the per-actor CPUs the sweep's other runs of this kind ask for
+        plan = size_run(plan).run   # the per-actor CPUs the sweep's other runs of this kind ask for
         if self.pool is None:
             remote = RayExecutor()
-            remote.start(cfg, clipping, train)
+            remote.start(plan, train)
             return remote
-        needs = ActorNeeds.of(cfg)
+        needs = plan.needs
         driver, actors, warm = ray.get(self.pool.acquire.remote(needs))
         self._lent = (driver, actors)
         has_data = ray.get(self.pool.has_data.remote(needs))
         train_ref = ray.get(self.pool.data.remote(needs, None if has_data else [ray.put(train)]))
         remote = RayExecutor(None, actors, cold=not warm)
-        remote.start(cfg, clipping, train_ref)
+        remote.start(plan, train_ref)
         return remote
 
     def end(self, remote: "RayExecutor | None", ok: bool) -> None:
@@ -178,8 +177,8 @@ class SweepRay:
 class _FirstRun:
     """The sweep's first run, in a thread of this process with a head start (module docstring)."""
 
-    def __init__(self, run_one: RunOne, cfg: Config, results_dir: str, sweep_id: str) -> None:
-        self.cfg = cfg
+    def __init__(self, run_one: RunOne, plan: RunPlan, results_dir: str, sweep_id: str) -> None:
+        self.plan = plan
         self.ray_side = SweepRay()
         self.done = threading.Event()
         self.row: dict[str, Any] | None = None
@@ -189,7 +188,7 @@ class _FirstRun:
 
     def _run(self, run_one: RunOne, results_dir: str, sweep_id: str) -> None:
         try:
-            self.row = run_one(self.cfg, results_dir, sweep_id=sweep_id, head_start=self.ray_side)
+            self.row = run_one(self.plan, results_dir, sweep_id=sweep_id, head_start=self.ray_side)
         except BaseException as exc:   # reported by the sweep's loop, like a run task's error
             self.error = exc
         finally:
@@ -197,10 +196,10 @@ class _FirstRun:
 
 
 @ray.remote(num_cpus=0, max_retries=0)
-def _run_task(run_one: RunOne, cfg: Config, results_dir: str, sweep_id: str, pg: Any, pool: Any) -> dict[str, Any]:
+def _run_task(run_one: RunOne, plan: RunPlan, results_dir: str, sweep_id: str, pg: Any, pool: Any) -> dict[str, Any]:
     if pool is None:
-        return run_one(cfg, results_dir, sweep_id=sweep_id, placement_group=pg)
-    return run_one(cfg, results_dir, sweep_id=sweep_id, placement_group=pg, pool=pool)
+        return run_one(plan, results_dir, sweep_id=sweep_id, placement_group=pg)
+    return run_one(plan, results_dir, sweep_id=sweep_id, placement_group=pg, pool=pool)
 
 
 class KeptPool:
@@ -232,15 +231,15 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
 
 
-def _record_failure(results_dir: str, cfg: Config, sweep_id: str, error: str) -> dict[str, Any]:
+def _record_failure(results_dir: str, plan: RunPlan, sweep_id: str, error: str) -> dict[str, Any]:
     """A run that died, or failed before writing its first row (e.g. its data could not be
     partitioned), cannot record its own failure; the sweep does, on the same node."""
     from raysim.results import ResultsSink
     from raysim.results.rows import run_row
     sink = ResultsSink(results_dir)
-    row = sink.read_run(run_id_for(cfg))
+    row = sink.read_run(plan.run_id)
     if row is None:
-        row = run_row(cfg, sweep_id, "failed")
+        row = run_row(plan, sweep_id, "failed")
     if row.get("status") != "completed":
         row.update(status="failed", error=error)
         sink.write_run(row)
@@ -263,11 +262,11 @@ def _lost_to_the_cluster(exc: BaseException) -> bool:
     return any(isinstance(e, system) for e in (exc, getattr(exc, "cause", None)))
 
 
-def run_sweep(configs: Sequence[Config], results_dir: str, sweep_id: str, *, run_one: RunOne,
+def run_sweep(plans: Sequence[RunPlan], results_dir: str, sweep_id: str, *, run_one: RunOne,
               address: str | None = None, retries: int = 2, reuse_actors: bool = True,
               max_concurrent: int | None = None, listener: SweepListener | None = None,
               poll_seconds: float = 1.0, kept_pool: KeptPool | None = None) -> list[RunOutcome]:
-    """Run ``configs`` in parallel; returns one outcome per config, in completion order.
+    """Run the planned runs ``plans`` in parallel; returns one outcome per run, in completion order.
 
     A failing run does not stop the others. A run lost to the cluster (its node died, its actors or
     their objects were lost) is started again, up to ``retries`` times, and resumes from its last
@@ -280,10 +279,10 @@ def run_sweep(configs: Sequence[Config], results_dir: str, sweep_id: str, *, run
     caller closes.
     """
     first = None
-    if configs and first_run_head_starts(configs[0], address):
-        first = _FirstRun(run_one, configs[0], results_dir, sweep_id)
+    if plans and first_run_head_starts(plans[0].cfg, address):
+        first = _FirstRun(run_one, plans[0], results_dir, sweep_id)
         if listener:
-            _notify(listener.started, run_id_for(first.cfg))
+            _notify(listener.started, first.plan.run_id)
     try:
         if first is not None:   # Ray starts once the first run is planned (SweepRay.wanted)
             while not (first.ray_side.wanted.wait(0.05) or first.done.is_set()):
@@ -291,22 +290,22 @@ def run_sweep(configs: Sequence[Config], results_dir: str, sweep_id: str, *, run
         init_ray(address)
         here = ray.get_runtime_context().get_node_id()
         pin = NodeAffinitySchedulingStrategy(node_id=here, soft=False)
-        plans = [size_run(cfg) for cfg in configs]
+        sized = [size_run(p) for p in plans]
         totals = {k: float(v) for k, v in ray.cluster_resources().items()}
-        cap = max_concurrent or default_concurrency(plans, totals)
+        cap = max_concurrent or default_concurrency(sized, totals)
         keeper = kept_pool if kept_pool is not None else KeptPool()
-        pool = keeper.lend(pin) if reuse_actors and any(plan.bundles for plan in plans) else None
+        pool = keeper.lend(pin) if reuse_actors and any(s.bundles for s in sized) else None
     except BaseException as exc:
         if first is not None:
             first.ray_side.fail(exc)
         raise
     if first is not None:
         first.ray_side.attach(pool)
-        first_plan: _Planned | None = plans[0]
-        queue = deque(plans[1:])
+        first_plan: _Planned | None = sized[0]
+        queue = deque(sized[1:])
     else:
         first_plan = None
-        queue = deque(plans)
+        queue = deque(sized)
     waiting: dict[Any, tuple[_Planned, Any]] = {}    # pg.ready() ref -> (plan, pg)
     running: dict[Any, tuple[_Planned, Any]] = {}    # run task ref -> (plan, pg or None)
     outcomes: list[RunOutcome] = []
@@ -317,21 +316,21 @@ def run_sweep(configs: Sequence[Config], results_dir: str, sweep_id: str, *, run
         options: dict[str, Any] = {"scheduling_strategy": pin}
         if not plan.bundles:
             options["num_cpus"] = plan.demand["CPU"]
-        ref = _run_task.options(**options).remote(run_one, plan.cfg, results_dir, sweep_id, pg,
+        ref = _run_task.options(**options).remote(run_one, plan.run, results_dir, sweep_id, pg,
                                                   pool if plan.bundles else None)
         running[ref] = (plan, pg)
         if listener:
-            _notify(listener.started, run_id_for(plan.cfg))
+            _notify(listener.started, plan.run.run_id)
 
     def finish(plan: _Planned, pg: Any, result: Callable[[], dict[str, Any]]) -> None:
         """Record the outcome of a run that ended (``result()`` returns its row or raises its error)."""
-        run_id = run_id_for(plan.cfg)
+        run_id = plan.run.run_id
         retry = False
         try:
             outcome = RunOutcome(run_id, "completed", row=result())
         except Exception as exc:  # a failed run is reported, the sweep goes on
             error = _error_text(exc)
-            row = _record_failure(results_dir, plan.cfg, sweep_id, error)
+            row = _record_failure(results_dir, plan.run, sweep_id, error)
             outcome = RunOutcome(run_id, "failed", row=row, error=error)
             attempts[run_id] = attempts.get(run_id, 0) + 1
             retry = _lost_to_the_cluster(exc) and attempts[run_id] <= retries
@@ -395,9 +394,9 @@ def run_sweep(configs: Sequence[Config], results_dir: str, sweep_id: str, *, run
         unfinished = [p for p, _ in running.values()] + [p for p, _ in waiting.values()] + list(queue)
         for plan in unfinished + ([first_plan] if first_plan is not None else []):
             try:
-                _record_failure(results_dir, plan.cfg, sweep_id, why)
+                _record_failure(results_dir, plan.run, sweep_id, why)
             except Exception as record_exc:   # keep the original error; say what could not be recorded
-                print(f"raysim: could not record the abort of {run_id_for(plan.cfg)}: {_error_text(record_exc)}",
+                print(f"raysim: could not record the abort of {plan.run.run_id}: {_error_text(record_exc)}",
                       file=sys.stderr, flush=True)
         raise
     finally:

@@ -150,11 +150,11 @@ def parse_tune(spec: Mapping[str, Any], *, name: str, base_dir: Path = Path(".")
         raise ConfigError(f"tune key 'selection': unknown value {selection!r}; choose one of {', '.join(SELECTIONS)}")
     tune = TuneSpec(str(spec.get("name") or name), values, contestants, spaces, search, budget, seed,
                     tuning_seeds, final_seeds, objective, reference, private, count, selection)
-    from raysim.experiment import check_config
+    from raysim.run_plan import plan_run
     for c in contestants:   # the base config and a candidate of every contestant must be valid before anything runs
         cfg = config_for(tune, c, Candidate(()), final_seeds[0])
         try:
-            cfg = check_config(cfg)
+            cfg = plan_run(cfg).cfg
         except ValueError as exc:
             raise ConfigError(f"tune contestant {c.label}: {exc}") from None
         if private and cfg.privacy.unit == "client":

@@ -9,7 +9,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from raysim.config import Config, ConfigError, apply_overrides, config_from_dict, dotted_get, run_id_for
+from raysim.config import Config, ConfigError, apply_overrides, config_from_dict, dotted_get
+from raysim.run_plan import run_id_for
 from raysim.sweep import Sweep, sweep_id_for
 from raysim.tune.spec import DEFAULT_LR_POINTS, DEFAULT_LR_SPAN, Candidate, Contestant, TuneSpec
 
@@ -24,7 +25,7 @@ def config_for(tune: TuneSpec, contestant: Contestant, candidate: Candidate, see
 
 def _fixed_clip(tune: TuneSpec, contestant: Contestant) -> bool:
     """Whether ``privacy.clip_norm`` is a fixed C for this contestant (DP, and not adapted during the run)."""
-    from raysim.experiment import plan_run
+    from raysim.run_plan import plan_run
     plan = plan_run(config_for(tune, contestant, Candidate(()), tune.final_seeds[0]))
     return plan.clipping != "none" and not plan.spec.adaptive_clip(plan.cfg)
 
@@ -130,13 +131,13 @@ def private_runs(tune: TuneSpec) -> list[PlannedRun]:
 
 def as_sweep(tune: TuneSpec, stage: str, runs: Sequence[PlannedRun]) -> Sweep:
     """A stage as an ordinary sweep (run once per distinct run id, in order)."""
-    configs, seen = [], set()
+    configs, seen = [], {}   # run ids in order
     for r in runs:
         if r.run_id not in seen:
-            seen.add(r.run_id)
+            seen[r.run_id] = None
             configs.append(r.cfg)
     name = f"{tune.name}-{stage}"
-    return Sweep(name, sweep_id_for(name, list(seen)), tuple(configs), len(runs) - len(configs))
+    return Sweep(name, sweep_id_for(name, list(seen)), tuple(configs), tuple(seen), len(runs) - len(configs))
 
 
 def config_value(cfg: Config, dotted: str) -> Any:

@@ -101,13 +101,14 @@ def test_reserve_actors_stay_light(ray_session):
     """On 2 CPUs a run with 4 actors trains on 2 (active_actors); start-up warms those and leaves
     the other 2 without torch, and the round's results do not depend on it."""
     from raysim.runtime.ray_executor import RayExecutor
+    from raysim.run_plan import plan_run
 
     cfg = config_from_dict({"method": "fedavg", "num_clients": 4, "rounds": 1,
                             "runtime": {"executor": "ray", "num_actors": 4, "num_cpus_per_client": 0.5}})
     train = load_dataset("digits", "train", None)
     ex = RayExecutor()
     try:
-        ex.start(cfg, "none", train)
+        ex.start(plan_run(cfg), train)
         ex.ready()
         active = {id(a) for a in ex.active_actors()}
         assert len(active) == 2

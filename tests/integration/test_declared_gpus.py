@@ -25,7 +25,8 @@ from raysim.runtime import execute_row
 from raysim.runtime.sweep_runner import run_sweep, size_run
 ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
 base = json.loads(sys.argv[3])
-cfgs = [config_from_dict({**base, "seed": s}) for s in (0, 1)]
+from raysim.run_plan import plan_run
+cfgs = [plan_run(config_from_dict({**base, "seed": s})) for s in (0, 1)]
 bundles = [size_run(c).bundles for c in cfgs]
 fresh = run_sweep(cfgs, sys.argv[1], "gpu", run_one=execute_row, reuse_actors=False)
 pooled = run_sweep(cfgs, sys.argv[2], "gpu", run_one=execute_row, reuse_actors=True)

@@ -139,7 +139,7 @@ def test_round_split_between_here_and_the_actors(monkeypatch, after):
 
     def start_ray(self):
         self.remote = _StandIn(here, after)
-        self.remote.start(self.cfg, self.clipping, self.train)
+        self.remote.start(self.plan, self.train)
         self._started.set()
 
     def start(self, *args):
@@ -170,7 +170,7 @@ def test_ray_starts_once_the_run_is_planned(monkeypatch):
     class Side:
         parks = False
 
-        def start(self, cfg, clipping, train, planned, ended):
+        def start(self, plan, train, planned, ended):
             planned.wait()
             events.append("ray starts")
             return None   # no actors: every client trains here
@@ -202,7 +202,7 @@ def test_a_failed_run_ends_its_ray_once(monkeypatch, tmp_path):
     class Side:
         parks = False
 
-        def start(self, cfg, clipping, train, planned, ended):
+        def start(self, plan, train, planned, ended):
             return None
 
         def end(self, remote, ok):

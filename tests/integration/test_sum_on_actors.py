@@ -16,7 +16,7 @@ import torch
 
 from raysim.config import ConfigError
 from raysim.data import load_dataset
-from raysim.experiment import check_config
+from raysim.run_plan import plan_run
 from raysim.runtime.ray_executor import RayExecutor
 from raysim.runtime.serial import SerialExecutor
 from raysim.simulation import Simulation
@@ -96,7 +96,7 @@ def test_client_level_sums_on_actors(ray_session):
 
 def test_a_server_that_reads_each_update_refuses_it():
     with pytest.raises(ConfigError, match="runtime.sum_on_actors.*feddimdp.*methods that can: .*fedavg"):
-        check_config(tiny_config(method="feddimdp", privacy__noise_multiplier=1.0, runtime__sum_on_actors=True))
+        plan_run(tiny_config(method="feddimdp", privacy__noise_multiplier=1.0, runtime__sum_on_actors=True))
 
 
 def test_summing_runs_wait_for_ray_instead_of_a_head_start(monkeypatch):

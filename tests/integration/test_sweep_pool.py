@@ -7,6 +7,7 @@ import pytest
 
 from raysim.results import read_table
 from raysim.runtime import execute, execute_row
+from raysim.run_plan import plan_run
 from raysim.runtime.sweep_runner import run_sweep
 from tests.helpers import tiny_config
 
@@ -27,7 +28,7 @@ def test_warm_actors_are_reused_and_results_equal_fresh_runs(ray_session, tmp_pa
     # a different model-independent method) on the same data; a warm actor must forget the last run.
     configs = [tiny_config(method=m, seed=s, privacy__noise_multiplier=1.0, runtime__executor="ray",
                            runtime__num_actors=2) for m, s in (("fedsa", 0), ("scaffold", 0), ("fedsa", 1))]
-    outcomes = run_sweep(configs, str(tmp_path / "pooled"), "pool-test", run_one=execute_row, max_concurrent=1)
+    outcomes = run_sweep([plan_run(c) for c in configs], str(tmp_path / "pooled"), "pool-test", run_one=execute_row, max_concurrent=1)
     assert [o.status for o in outcomes] == ["completed"] * 3
     runs = read_table(str(tmp_path / "pooled"), "runs").set_index("run_id")
     ids = [o.run_id for o in outcomes]
@@ -47,9 +48,9 @@ def test_a_kept_pool_lends_warm_actors_to_the_next_sweep(ray_session, tmp_path):
                            runtime__num_actors=2) for s in (0, 1)]
     kept = KeptPool()
     try:
-        first = run_sweep(configs[:1], str(tmp_path), "stage-1", run_one=execute_row, kept_pool=kept)
+        first = run_sweep([plan_run(configs[0])], str(tmp_path), "stage-1", run_one=execute_row, kept_pool=kept)
         handle = kept.handle
-        second = run_sweep(configs[1:], str(tmp_path), "stage-2", run_one=execute_row, kept_pool=kept)
+        second = run_sweep([plan_run(configs[1])], str(tmp_path), "stage-2", run_one=execute_row, kept_pool=kept)
         assert handle is not None and kept.handle is handle
     finally:
         kept.close()

@@ -15,7 +15,8 @@ from raysim.algorithms.clip_rules import (
 )
 from raysim.algorithms.feddimdp import FedDimDPServer
 from raysim.algorithms.registry import get_method
-from raysim.config import ConfigError, config_from_dict, run_id_for
+from raysim.config import ConfigError, config_from_dict
+from raysim.run_plan import run_id_for
 from raysim.messages import ClientResult, ClientTask, RoundPayload
 from raysim.privacy.grad_sample import make_engine
 from raysim.privacy.plan import not_covered, plan_noise, side_channels

@@ -130,7 +130,7 @@ def test_truncated_results_file_names_the_file(tmp_path, capsys, table):
 
 
 def test_truncated_runs_file_stops_sweep_resume_with_its_name(tmp_path, capsys):
-    from raysim.config import run_id_for
+    from raysim.run_plan import run_id_for
     from raysim.results import ResultsSink
     from raysim.sweep import load_sweep
     smoke = REPO / "experiments" / "sweeps" / "smoke.yaml"

@@ -59,7 +59,7 @@ def test_hash_is_stable_and_sensitive():
 
 
 def test_result_hash_covers_every_key_that_changes_results_and_no_other():
-    from raysim.config import result_hash
+    from raysim.run_plan import run_id_for as result_hash   # the hash of the sections the run uses
 
     base = config_from_dict({"rounds": 3})
     same = [{"runtime": {"executor": "serial"}}, {"runtime": {"num_actors": 3}}, {"runtime": {"eval_on": "actor"}},
@@ -86,7 +86,7 @@ def test_a_preset_method_has_one_run_id_before_and_after_its_switches_are_resolv
     """Sweeps and tunes find a run's row by the id of the config they planned (preset unresolved); the run
     writes it under the id of the config it ran (resolved). The two must agree, or a completed run reruns."""
     from raysim.algorithms.registry import all_methods, resolve_preset
-    from raysim.config import run_id_for
+    from raysim.run_plan import run_id_for
     presets = [spec.name for spec in all_methods() if spec.preset]
     assert presets
     for name in presets:

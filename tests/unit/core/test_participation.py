@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from raysim.algorithms.registry import get_method
-from raysim.config import ConfigError, config_from_dict, run_id_for
+from raysim.config import ConfigError, config_from_dict
+from raysim.run_plan import run_id_for
 from raysim.participation import is_full, participation_schedule, rounds_by_client
 from raysim.privacy.accounting import StepEvent, compute_epsilon
 from raysim.privacy.plan import ParticipationPlan, accounting_factor, calibrate_sigma, side_channels

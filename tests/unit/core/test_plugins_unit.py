@@ -9,8 +9,8 @@ import pytest
 
 from raysim import plugins
 from raysim.algorithms.registry import get_method, origin
-from raysim.config import ConfigError, config_from_dict, result_hash
-from raysim.experiment import check_config
+from raysim.config import ConfigError, config_from_dict
+from raysim.run_plan import plan_run, run_id_for
 
 
 def test_an_unimportable_plugin_is_a_one_line_error_naming_the_key():
@@ -31,7 +31,7 @@ def test_config_plugins_are_imported_and_travel_to_the_workers(monkeypatch):
     env = plugins.runtime_env()
     assert env == {"worker_process_setup_hook": "raysim.plugins.setup_worker", "env_vars": {plugins.ENV_VAR: "json"}}
     # where the code comes from is not part of a run's identity
-    assert result_hash(cfg) == result_hash(config_from_dict({}))
+    assert run_id_for(cfg) == run_id_for(config_from_dict({}))
 
 
 def test_without_plugins_the_runtime_env_is_empty(monkeypatch):
@@ -73,7 +73,7 @@ def test_registered_models_and_datasets_are_config_choices():
     info = register_dataset(DatasetInfo("unit_blobs", 3, 1, 4, (0.5,), (0.25,)),
                             lambda split, root: (np.zeros((6, 4, 4, 1), np.uint8), np.arange(6) % 3))
     try:
-        cfg = check_config(config_from_dict({"model": "unit_mlp", "data": {"name": "unit_blobs"}}))
+        cfg = plan_run(config_from_dict({"model": "unit_mlp", "data": {"name": "unit_blobs"}})).cfg
         assert model_for(cfg, info)(torch.zeros(2, 1, 4, 4)).shape == (2, 3)
         assert load_dataset("unit_blobs", "train", None).y.tolist() == [0, 1, 2, 0, 1, 2]
         with pytest.raises(ValueError, match="already registered"):
@@ -87,4 +87,4 @@ def test_registered_models_and_datasets_are_config_choices():
 
 def test_an_unknown_engine_is_a_config_error_before_any_actor_starts():
     with pytest.raises(ConfigError, match="'privacy.engine': unknown value 'bkk'; choose one of .*bk"):
-        check_config(config_from_dict({"method": "fedsa", "privacy": {"engine": "bkk"}}))
+        plan_run(config_from_dict({"method": "fedsa", "privacy": {"engine": "bkk"}}))

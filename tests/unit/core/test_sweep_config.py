@@ -11,7 +11,7 @@ import yaml
 
 from raysim.cli import main
 from raysim.config import ConfigError
-from raysim.config import run_id_for
+from raysim.run_plan import run_id_for
 from raysim.results import ResultsSink
 from raysim.sweep import check_sweep, expand_sweep, load_sweep
 
@@ -60,7 +60,7 @@ def test_sweep_id_ignores_runtime_paths_and_key_order_but_not_results():
     assert _expand(dict(reversed(grid.items()))).sweep_id == one.sweep_id
     assert _expand(grid, cli=[("runtime.num_actors", 2), ("data.root", "/x")]).sweep_id == one.sweep_id
     assert _expand(grid, cli=[("rounds", 3)]).sweep_id != one.sweep_id
-    assert one.run_ids == [run_id_for(c) for c in one.configs]
+    assert one.run_ids == tuple(run_id_for(c) for c in one.configs)
 
 
 def test_points_that_resolve_to_the_same_run_are_merged():
@@ -174,7 +174,7 @@ PRESET_CASES = [("feddimdp-no-adpc", {"privacy.clipping": "batch"}),
 
 @pytest.mark.parametrize("method, sets", PRESET_CASES)
 def test_a_sweep_accepts_the_preset_configs_that_a_run_accepts(method, sets):
-    from raysim.experiment import plan_run
+    from raysim.run_plan import plan_run
     sweep = _expand({"method": [method], "seed": [0, 1]}, base={**BASE, "privacy": {"epsilon": 8.0}},
                     cli=list(sets.items()))
     check_sweep(sweep)

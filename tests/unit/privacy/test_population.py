@@ -13,7 +13,8 @@ import torch
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from raysim.config import ConfigError, config_from_dict, run_id_for
+from raysim.config import ConfigError, config_from_dict
+from raysim.run_plan import run_id_for
 from raysim.privacy.accounting import StepEvent, pld_discretization_interval
 from raysim.privacy.population import (ADAPTIVE_COUNT_DIVISOR, client_level_plan, joint_update_sigma, prefix_noise,
                                        privacy_scope, tree_nodes)
@@ -232,7 +233,7 @@ def test_pairings_without_accounting_are_refused_in_one_line(changes, key):
 @pytest.mark.parametrize("method, message", [("dp-fedavg-adaptive", "adaptive clipping's count"),
                                              ("dp-acdn", "dp-acdn's noise schedule changes it")])
 def test_methods_correlated_noise_cannot_account_are_refused_before_the_run(method, message):
-    from raysim.experiment import plan_run
+    from raysim.run_plan import plan_run
     for mechanism in ("blt", "bandmf"):
         with pytest.raises(ConfigError, match=message):
             plan_run(client_cfg(mechanism=mechanism, rounds=6, method=method))
