@@ -13,7 +13,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from raysim.algorithms.registry import get_method
 from raysim.algorithms.uploads import UploadContext
-from raysim.config import UPDATE_CLIPPING, Config
+from raysim.config import UPDATE_CLIPPING, Config, client_mechanism
 from raysim.privacy import clipping
 from raysim.data import ArrayDataset, to_float_tensor
 from raysim.metrics import Evaluation, eval_batches, summarize
@@ -21,7 +21,7 @@ from raysim.models import model_for
 from raysim.privacy.grad_sample import layer_slices, make_engine
 from raysim.allocator import configure_process
 from raysim.rng import np_generator
-from raysim.training import LocalStats, example_norm_pass, local_train
+from raysim.training import CorrelatedSteps, LocalStats, example_norm_pass, local_train
 from raysim.messages import ClientData, ClientResult, ClientTask, RoundPayload
 
 
@@ -165,6 +165,7 @@ class ClientRunner:
         client state, the pre-round example norms or None, (y, x_val, y_val))."""
         x, y, xv, yv = self.tensors(client)
         model = self.model
+        task, correlated = self._step_noise(task, len(y))
         # No-ops on CPU (Tensor.to returns the same tensor), copies onto the GPU otherwise.
         payload = dataclasses.replace(payload, start_weights=payload.start_weights.to(self.device),
                                       global_weights=payload.global_weights.to(self.device),
@@ -181,15 +182,39 @@ class ClientRunner:
         client_level = self.clipping == UPDATE_CLIPPING   # local training without DP; the whole update clipped
         stats = local_train(model, x, y, hooks, clipping="none" if client_level else self.clipping, engine=self.engine,
                             per_layer=self.spec.per_layer_clipping, seed=self.cfg.train_seed, client_id=task.client_id,
-                            canaries=self.canaries(task) if self.canaries is not None else None)
+                            canaries=self.canaries(task) if self.canaries is not None else None, correlated=correlated)
         params = list(model.parameters())
         new_state = hooks.finalize(params, stats.num_steps)
+        if correlated is not None:   # the client's noise state and step count, kept with its state between rounds
+            new_state = {**(new_state or {}), STEP_NOISE: {"stream": correlated.stream.state_dict(),
+                                                           "steps": correlated.offset + stats.num_steps}}
         if _tiles(weights, params):   # as vector_to_parameters left them: the end weights are in place
             end = weights
         else:                         # a hook gave a parameter storage of its own
             with torch.no_grad():
                 end = parameters_to_vector(params).detach()
         return (end - payload.start_weights).cpu(), stats, new_state, norms, (y, xv, yv)
+
+
+    def _step_noise(self, task: ClientTask, num_samples: int) -> tuple[ClientTask, CorrelatedSteps | None]:
+        """Under a correlated mechanism on the DP-SGD steps (``task.step_strategy``): the task without the
+        client's noise state (what the method's hooks see) and the client's :class:`CorrelatedSteps`, its
+        stream restored from that state (a fresh one before its first round)."""
+        if task.step_strategy is None:
+            return task, None
+        state = dict(task.client_state or {})
+        saved = state.pop(STEP_NOISE, None)
+        size = sum(p.numel() for p in self.model.parameters())
+        stream = client_mechanism(self.cfg.privacy.mechanism).client_stream(task.step_strategy, size)
+        if saved is not None:
+            stream.load_state_dict(saved["stream"])
+        groups = CorrelatedSteps.partition(num_samples, task.step_groups, self.cfg.train_seed, task.client_id)
+        correlated = CorrelatedSteps(groups, task.step_rate, stream, int(saved["steps"]) if saved is not None else 0)
+        return dataclasses.replace(task, client_state=state or None), correlated
+
+
+#: The key of a client's correlated step noise in its persisted state (:meth:`ClientRunner._step_noise`).
+STEP_NOISE = "step_noise"
 
 
 def _tiles(flat: torch.Tensor, params: list[torch.Tensor]) -> bool:

@@ -33,9 +33,8 @@ PARTICIPATION_MODES = ("uniform", "poisson", "shuffle")
 
 #: ``privacy.unit``: what a run's ε protects.
 PRIVACY_UNITS = ("example", "client")
-#: ``privacy.mechanism``'s default, the only value under ``privacy.unit=example`` (DP-SGD's Gaussian noise).
-#: Under ``privacy.unit=client`` it names a registered mechanism object, which the checks below ask what
-#: it accepts.
+#: ``privacy.mechanism``'s default: independent Gaussian noise (DP-SGD's under ``privacy.unit=example``).
+#: It names a registered mechanism object, which the checks below ask what it accepts.
 DEFAULT_MECHANISM = "gaussian"
 #: The client-level mechanisms by name, built-in and from outside: ``raysim.privacy.mechanisms.registry``
 #: adds each (``add_mechanism``); this module imports none of them, and knows only what they declare.
@@ -117,9 +116,12 @@ class PrivacyConfig:
     unit: str = "example"              # what ε protects: example (one training example of one client, DP-SGD) |
                                        # client (one whole client, DP-FedAvg: each update clipped, noised once)
     mechanism: str = DEFAULT_MECHANISM  # client unit: gaussian (noised cohort sum, sampled cohorts) | tree (DP-FTRL) |
-                                       # blt (Buffered Linear Toeplitz) | bandmf (banded matrix factorisation)
+                                       # blt (Buffered Linear Toeplitz) | bandmf (banded matrix factorisation);
+                                       # example unit (each client's DP-SGD steps): gaussian | bandmf
     min_separation: int | None = None  # blt, bandmf: G cyclic groups of clients, round t draws from group (t - 1) mod G
-                                       # (BandMF's bands); None: min(N // k, rounds)
+                                       # (BandMF's bands); None: min(N // k, rounds). Example unit, bandmf
+                                       # (required): the bands b over each client's steps (at most b, a divisor of
+                                       # its steps a round)
     noise_cohort_size: int | None = None   # client unit: k' of a deployment the noise is sized for (with
     population_size: int | None = None     # population_size N'); ε is then the deployment's
     allow_uncovered: tuple[str, ...] = ()  # uploads computed from private data without noise that the run
@@ -450,8 +452,16 @@ def _check_unit(cfg: Config) -> None:
         _fail("privacy.min_separation", f"sets the cyclic groups of privacy.mechanism={cyclic}; "
                                         f"this run's mechanism is {p.mechanism}")
     if p.unit == "example":
-        if p.mechanism != DEFAULT_MECHANISM:
-            _fail("privacy.mechanism", f"{p.mechanism} needs privacy.unit=client (it protects whole clients)")
+        if not mech.example_unit:
+            steps = "|".join(m.name for m in client_mechanisms() if m.example_unit)
+            _fail("privacy.mechanism", f"{p.mechanism} needs privacy.unit=client (it protects whole clients); the "
+                                       f"noise of DP-SGD steps is privacy.mechanism={steps}")
+        if mech.correlated and p.min_separation is None:
+            _fail("privacy.min_separation", f"privacy.mechanism={p.mechanism} under privacy.unit=example needs its "
+                                            f"bands b: each client's examples are cut into b groups and step s "
+                                            f"draws from group s mod b (e.g. privacy.min_separation=4)")
+        if p.min_separation is not None and p.min_separation < 1:
+            _fail("privacy.min_separation", f"must be >= 1, got {p.min_separation}")
         for key, value in zip(("noise_cohort_size", "population_size"), deployment):
             if value is not None:
                 _fail(f"privacy.{key}", "sizes the noise of a client-level deployment; it needs privacy.unit=client")

@@ -91,6 +91,12 @@ class ClientTask(_Wire):
     noise_multiplier: float                 # σ of this client's DP-SGD steps this round (0: no noise)
     client_state: dict[str, Any] | None = None  # persisted client state (lives on the server, survives actor restarts)
     lr_scale: float = 1.0                   # the local steps use lr · lr_scale (a server choice from public values)
+    #: Correlated noise on the DP-SGD steps (privacy.unit=example, privacy.mechanism=bandmf): the client's
+    #: strategy (its banded coefficients) and how its steps sample (:class:`~raysim.privacy.mechanisms.base.
+    #: ExampleSteps`: b cyclic groups of its examples, each drawn at ``rate``); None: independent noise.
+    step_strategy: tuple[float, ...] | None = None
+    step_groups: int = 1
+    step_rate: float = 0.0
 
 
 @dataclass

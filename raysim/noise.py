@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -50,6 +50,27 @@ def _runs(sizes: Sequence[int], parts: int) -> list[range]:
     cuts = {min(range(len(sizes)), key=lambda i: abs(ends[i] * parts - ends[-1] * k)) + 1 for k in range(1, parts)}
     edges = [0, *sorted(c for c in cuts if c < len(sizes)), len(sizes)]
     return [range(lo, hi) for lo, hi in zip(edges, edges[1:])]
+
+
+class StreamedNoise:
+    """The correlated noise of one release: the next step of ``stream`` (a mechanism's noise state, such as
+    BandMF's ``(C⁻¹ z)_t``, :class:`raysim.privacy.mechanisms.bandmf.BandMFNoise`) from the release's own
+    i.i.d. draw z_t (``draw``'s noise shaped like the tensors, at std 1), times ``std``. With the identity
+    strategy it is ``draw``'s noise (to float32 rounding)."""
+
+    def __init__(self, draw: "GaussianNoise", stream: Any) -> None:
+        self.draw, self.stream = draw, stream
+
+    def like(self, tensors: Sequence[torch.Tensor], std: float) -> list[torch.Tensor]:
+        z = torch.cat([d.reshape(-1).cpu() for d in self.draw.like(tensors, 1.0)])   # the independent draw's bits
+        flat = (self.stream.step(z) * std).to(torch.float32)
+        out, start = [], 0
+        for t in tensors:
+            piece = torch.empty(t.shape, dtype=t.dtype, device=self.draw.device)
+            piece.copy_(flat[start:start + t.numel()].view(t.shape))
+            out.append(piece)
+            start += t.numel()
+        return out
 
 
 class GaussianNoise:

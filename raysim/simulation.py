@@ -29,7 +29,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from raysim.algorithms.base import MethodContext
 from raysim.allocator import configure_process
 from raysim.client import eval_where
-from raysim.config import Config, ConfigError
+from raysim.config import Config, ConfigError, client_mechanism
 from raysim.data import ArrayDataset
 from raysim.messages import ClientData, ClientResult, ClientTask, RoundPayload
 from raysim.metrics import Evaluation, evaluate
@@ -45,7 +45,7 @@ from raysim.rng import torch_generator
 from raysim.run_data import prepare_run_data
 from raysim.run_plan import RunPlan, plan_run
 from raysim.state_store import ClientStateStore
-from raysim.training import sample_rate, steps_per_epoch
+from raysim.training import steps_per_epoch
 
 
 #: Version of the checkpoint layout written by :meth:`Simulation.state`; a checkpoint of another version
@@ -192,10 +192,17 @@ class Simulation:
         self.val_x, self.val_y = data.val_x, data.val_y
         self.info = test.info
         n = data.num_samples
-        self.q = np.array([sample_rate(int(k), cfg.batch_size) for k in n])
         self.steps = np.array([steps_per_epoch(int(k), cfg.batch_size) * cfg.local_epochs for k in n])
+        # How each client's DP-SGD steps sample and are accounted (privacy.unit=example): Poisson batches at
+        # q = B/n, one event a step, or the correlated mechanism's cyclic groups (raysim.privacy.mechanisms).
+        self.mechanism = client_mechanism(cfg.privacy.mechanism)
+        example = [self.mechanism.example_steps(cfg, int(k), int(s)) for k, s in zip(n, self.steps)]
+        self.example_steps = example
+        self.q = np.array([e.rate for e in example])
+        accounted_steps = np.array([e.events for e in example])
         # Public schedule, drawn up front from the seed (raysim.participation).
         self.schedule = participation_schedule(cfg)
+        self._strategies: dict[int, tuple[float, ...]] = {}   # the clients' step strategies, built as they first train
         if cfg.privacy.unit == "client":
             joint = [u.release for u in self.spec.uploads(cfg) if u.release.kind == "joint"]
             if len(joint) > 1:
@@ -207,7 +214,7 @@ class Simulation:
             self.privacy: PrivacyBook | PopulationBook = PopulationBook(client_level, cfg.num_clients, self.schedule)
         else:
             client_level = None
-            self.privacy = PrivacyBook(self.spec, cfg, self.clipping, self.q, self.steps, self.schedule)
+            self.privacy = PrivacyBook(self.spec, cfg, self.clipping, self.q, accounted_steps, self.schedule)
         self.full_participation = self.privacy.full_participation
         self.epsilon_scope = self.run_plan.epsilon_scope   # whose ε the rows carry
         self.model = model_for(cfg, train.info, self.spec.model_options(cfg))
@@ -351,7 +358,7 @@ class Simulation:
         order = self.extra_clients(t, participants) if self.extra_clients is not None else participants
         if order:
             payload = self.server.payload(t, self.weights)
-            tasks = self.server.tasks(t, self.client_states, participants)
+            tasks = self._with_step_noise(self.server.tasks(t, self.client_states, participants))
             trained, shards = tasks, [self.clients[task.client_id] for task in tasks]
             if self.extra_clients is not None:   # canary clients: the round's task (C, lr scale), no data or state
                 template = tasks[0] if tasks else self.server.tasks(t, self.client_states, [0])[0]
@@ -365,6 +372,22 @@ class Simulation:
             fold = self.server.fold_weights([len(c.train_indices) for c in shards]) if folds else None
             handle = self.executor.submit(payload, trained, shards, fold)
         return _Dispatched(t, participants, clip, tasks, handle, t_plan)
+
+    def _with_step_noise(self, tasks: list[ClientTask]) -> list[ClientTask]:
+        """The tasks with their clients' correlated step strategies (privacy.unit=example under a correlated
+        ``privacy.mechanism``; each optimised for the client's steps over the whole run, when it first trains)."""
+        if self.cfg.privacy.unit != "example" or not self.mechanism.correlated or self.clipping == "none":
+            return tasks
+        out = []
+        for task in tasks:
+            cid, steps = task.client_id, self.example_steps[task.client_id]
+            if cid not in self._strategies:
+                rounds = sum(int(np.any(r == cid)) for r in self.schedule)
+                self._strategies[cid] = self.mechanism.client_strategy(self.cfg, rounds * int(self.steps[cid]),
+                                                                       steps.bands)
+            out.append(dataclasses.replace(task, step_strategy=self._strategies[cid], step_groups=steps.bands,
+                                           step_rate=steps.rate))
+        return out
 
     def _train_and_aggregate(self, t: int) -> "_Aggregated":
         t0 = time.perf_counter()

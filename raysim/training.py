@@ -2,7 +2,8 @@
 
 Privacy assumptions (docs/privacy.md): record-level DP for one client's local data; in the DP modes
 each step's batch is drawn by Poisson sampling with rate q = B / n_i (independently per
-example), so the subsampled-Gaussian accountant applies; each step makes
+example), so the subsampled-Gaussian accountant applies (under a correlated ``privacy.mechanism``, from
+one of the client's cyclic groups of examples: :class:`CorrelatedSteps`); each step makes
 ``hooks.releases_per_step`` Gaussian releases on that batch. Everything the hooks add after
 ``privatize`` depends only on DP outputs and public values (post-processing).
 """
@@ -11,14 +12,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
 from torch import nn
 
 from raysim.algorithms.base import ClientHooks
-from raysim.noise import GaussianNoise
+from raysim.noise import GaussianNoise, StreamedNoise
 from raysim.privacy.clipping import privatize
 from raysim.privacy.grad_sample import GradSampleEngine, LayerCanaries, SparseExamples
 from raysim.rng import np_generator
@@ -32,6 +33,27 @@ def steps_per_epoch(num_samples: int, batch_size: int) -> int:
 def sample_rate(num_samples: int, batch_size: int) -> float:
     """Poisson sampling rate q = B / n_i (1 when the client holds fewer than B examples)."""
     return min(1.0, batch_size / num_samples)
+
+
+@dataclass
+class CorrelatedSteps:
+    """A client's DP-SGD steps under a correlated mechanism (``privacy.unit=example``, ``privacy.mechanism=
+    bandmf``): its examples cut into ``len(groups)`` cyclic groups, and the s-th step of its training over the
+    run (``offset`` steps came before this round) draws each example of group s mod b with probability
+    ``rate``; each step's noise is the next step of ``stream``. An example joins at most one step in b, the
+    separation the strategy's sensitivity assumes."""
+
+    groups: list[np.ndarray]
+    rate: float
+    stream: Any
+    offset: int
+
+    @staticmethod
+    def partition(num_samples: int, bands: int, seed: int, client_id: int) -> list[np.ndarray]:
+        """A balanced random partition of the client's examples into ``bands`` groups, fixed for the run
+        (keyed by the seed and the client)."""
+        order = np_generator(seed, "step-groups", client_id).permutation(num_samples)
+        return [np.sort(order[g::bands]) for g in range(bands)]
 
 
 @dataclass(frozen=True)
@@ -89,12 +111,14 @@ def example_norm_pass(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, eng
 
 def local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, hooks: ClientHooks, *, clipping: str,
                 engine: GradSampleEngine, per_layer: bool, seed: int, client_id: int,
-                canaries: Callable[[int], LayerCanaries | SparseExamples | None] | None = None) -> LocalStats:
+                canaries: Callable[[int], LayerCanaries | SparseExamples | None] | None = None,
+                correlated: CorrelatedSteps | None = None) -> LocalStats:
     """Run E local epochs of (DP-)SGD on (x, y) in place on ``model``.
 
     Random streams: batches from ``(seed, "batches", round, client)``, noise from
     ``(seed, "dp-noise", round, client, step, release)`` (drawn in blocks, :mod:`raysim.noise`) — independent
-    of where this runs and of the thread count.
+    of where this runs and of the thread count. ``correlated``: the batches come from the client's cyclic
+    groups and the noise from the mechanism's stream (:class:`CorrelatedSteps`).
     ``canaries(step)`` (the privacy audit only) gives that step's extra examples
     (:class:`~raysim.privacy.grad_sample.LayerCanaries` or
     :class:`~raysim.privacy.grad_sample.SparseExamples`), clipped and noised with the batch by :func:`privatize`.
@@ -105,13 +129,16 @@ def local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, hooks: Clien
     optimizer = LocalSGD(params, lr=cfg.lr * task.lr_scale, momentum=cfg.momentum)
     batch_rng = np_generator(seed, "batches", task.server_round, client_id)
     q = sample_rate(n, batch_size)
-    expected_batch = q * n
+    expected_batch = q * n if correlated is None else correlated.rate * n / len(correlated.groups)
     per_epoch = steps_per_epoch(n, batch_size)
     losses, clipped, seen, step = [], 0, 0, 0
     for _epoch in range(cfg.local_epochs):
         order = batch_rng.permutation(n) if clipping == "none" else None
         for k in range(per_epoch):
-            if order is None:
+            if correlated is not None:   # Poisson sampling within the step's cyclic group
+                members = correlated.groups[(correlated.offset + step) % len(correlated.groups)]
+                idx = members[batch_rng.random(len(members)) < correlated.rate]
+            elif order is None:
                 idx = np.flatnonzero(batch_rng.random(n) < q)      # Poisson sampling
             else:
                 idx = np.sort(order[k * batch_size:(k + 1) * batch_size])
@@ -119,8 +146,10 @@ def local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, hooks: Clien
             release = iter(range(hooks.releases_per_step))
 
             def compute(xb=xb, yb=yb, step=step):
-                noise = GaussianNoise(seed, "dp-noise", task.server_round, client_id, step, next(release),
-                                      device=x.device)
+                noise: GaussianNoise | StreamedNoise = GaussianNoise(
+                    seed, "dp-noise", task.server_round, client_id, step, next(release), device=x.device)
+                if correlated is not None:
+                    noise = StreamedNoise(noise, correlated.stream)
                 return privatize(model, xb, yb, mode=clipping, clip_norm=task.clip_norm,
                                  noise_multiplier=task.noise_multiplier, expected_batch_size=expected_batch,
                                  noise=noise, engine=engine, per_layer=per_layer,

@@ -60,9 +60,28 @@ def resolve_clipping(spec: MethodSpec, cfg: Config) -> str:
     if not dp_requested:
         raise ConfigError(f"method {spec.name!r} with privacy.clipping={mode} needs privacy.epsilon (target ε) "
                           f"or privacy.noise_multiplier (σ)")
+    check_correlated_steps(spec, cfg, mode)
     spec.validate(cfg, mode)
     check_uncovered(spec.uploads(cfg), mode, p.unit, p.allow_uncovered)   # fail closed (docs/privacy.md)
     return mode
+
+
+def check_correlated_steps(spec: MethodSpec, cfg: Config, mode: str) -> None:
+    """Correlated noise on DP-SGD steps (``privacy.unit=example``, a correlated ``privacy.mechanism``) is
+    accounted for one release a step of per-example clipped gradients at one σ for the whole run."""
+    from raysim.config import client_mechanism
+    mech = client_mechanism(cfg.privacy.mechanism)
+    if not mech.correlated:
+        return
+    why = None
+    if mode != "per_sample":
+        why = f"it needs privacy.clipping=per_sample (each example's gradient clipped), got {mode}"
+    elif spec.client.releases_for(cfg) != 1:
+        why = f"method {spec.name!r} makes {spec.client.releases_for(cfg)} DP releases a step, and the strategy has one"
+    elif not np.all(np.asarray(spec.server.sigma_schedule(cfg)) == 1.0):
+        why = f"method {spec.name!r} changes σ by round, and the strategy's noise has one scale"
+    if why is not None:
+        raise ConfigError(f"privacy.mechanism={mech.name} on DP-SGD steps: {why}")
 
 
 def accounting_factor(mode: str, releases_per_step: int) -> float:

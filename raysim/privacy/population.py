@@ -241,9 +241,14 @@ def privacy_scope(cfg: Config) -> dict[str, str]:
     p = cfg.privacy
     scope = epsilon_scope(cfg)
     if p.unit == "example":
+        dp = p.epsilon is not None or p.noise_multiplier is not None
+        steps = ""
+        if dp and get_mechanism(p.mechanism).correlated:
+            steps = (f"; each client's DP-SGD steps from b ≤ {p.min_separation} cyclic Poisson groups of its "
+                     f"examples (b divides its steps a round)")
         return {"privacy_unit": "example", "adjacency": "add/remove one training example of one client",
-                "privacy_mechanism": "gaussian" if p.epsilon is not None or p.noise_multiplier is not None else "none",
-                "participation": participation_label(cfg),
+                "privacy_mechanism": p.mechanism if dp else "none",
+                "participation": participation_label(cfg) + steps,
                 "epsilon_scope": scope, "epsilon_scope_detail": "each client's own ε (the run's is the largest)"}
     sampling = _sampling(cfg)
     if scope == "deployment":

@@ -61,9 +61,14 @@ CLIENT_LEVEL = {
 }
 
 
-@pytest.mark.parametrize("method", ["feddimdp", "scaffold", *CLIENT_LEVEL])   # ADPC/CRA server state; per-client
-def test_interrupted_run_resumes_bit_for_bit(tmp_path, method):                # controls; client-level state
-    extra = CLIENT_LEVEL.get(method, {"method": method})
+#: Correlated noise on the DP-SGD steps: each client's BandMF noise state, kept with its state between rounds.
+STEP_NOISE = {"bandmf-steps": dict(method="fedsa", num_clients=8, clients_per_round=4, participation="poisson",
+                                   privacy__mechanism="bandmf", privacy__min_separation=2)}
+
+
+@pytest.mark.parametrize("method", ["feddimdp", "scaffold", *CLIENT_LEVEL, *STEP_NOISE])   # ADPC/CRA server state;
+def test_interrupted_run_resumes_bit_for_bit(tmp_path, method):      # per-client controls; client-level state
+    extra = {**CLIENT_LEVEL, **STEP_NOISE}.get(method, {"method": method})
     cfg = tiny_config(rounds=4, **{"privacy__noise_multiplier": 1.0, "data__min_samples_per_client": 10, **extra})
     execute(cfg, str(tmp_path / "whole"))
 

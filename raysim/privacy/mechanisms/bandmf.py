@@ -129,7 +129,7 @@ class BandMFNoise:
         self.steps = int(state["steps"])
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=256)
 def bandmf_for(rounds: int, bands: int) -> tuple[float, ...]:
     """The BandMF coefficients for T rounds and b bands (a pure function, kept like :func:`blt_for`'s)."""
     return tuple(float(c) for c in optimize_bandmf(rounds, bands))

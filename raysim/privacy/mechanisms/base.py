@@ -1,6 +1,8 @@
-"""What a client-level noise mechanism (``privacy.unit=client``, ``privacy.mechanism``) declares.
+"""What a noise mechanism (``privacy.mechanism``) declares, for either privacy unit.
 
-A mechanism is one :class:`ClientMechanism` object, registered by name
+Under ``privacy.unit=client`` it is the noise on the cohort's sum of clipped updates; under
+``privacy.unit=example`` (where it says :attr:`ClientMechanism.example_unit`) the noise on each client's
+DP-SGD steps. A mechanism is one :class:`ClientMechanism` object, registered by name
 (:func:`raysim.privacy.mechanisms.registry.register_mechanism`). The config asks it which cohorts and
 accountant it accepts; :mod:`raysim.privacy.population` asks it how to plan and account a run; the server
 asks it whether its release is a pass's prefix sums or carries correlated noise; the canary-client audit
@@ -20,7 +22,18 @@ if TYPE_CHECKING:
 #: A ``raysim.privacy.population.ClientLevelPlan`` (not imported: the plan imports the mechanisms).
 Plan = Any
 
-__all__ = ["ClientMechanism"]
+__all__ = ["ClientMechanism", "ExampleSteps"]
+
+
+class ExampleSteps:
+    """How one client's DP-SGD steps sample and are accounted under ``privacy.unit=example``: its τ steps a
+    round draw from ``bands`` cyclic groups of its examples (step s from group s mod bands; one group of all
+    examples is plain Poisson sampling), each example of that group with probability ``rate``; a round is
+    ``events`` accounted Poisson-subsampled Gaussian releases at that rate (one per step of an example's
+    group)."""
+
+    def __init__(self, bands: int, rate: float, events: int) -> None:
+        self.bands, self.rate, self.events = int(bands), float(rate), int(events)
 
 
 class ClientMechanism:
@@ -49,6 +62,8 @@ class ClientMechanism:
     varying_sigma: bool = False
     #: The canary-client audit (``raysim audit`` under ``privacy.unit=client``) can audit it.
     canary_audit: bool = False
+    #: Also the noise of each client's DP-SGD steps under ``privacy.unit=example``.
+    example_unit: bool = False
 
     def sampling(self, cfg: Config) -> str:
         """How the accounted cohorts are drawn: poisson | uniform | full | shuffle | cyclic (a deployment
@@ -82,6 +97,22 @@ class ClientMechanism:
     def new_stream(self, plan: Plan, size: int) -> Any:
         """The correlated noise's streaming state for ``size`` coordinates (a ``StreamingNoise``)."""
         raise ValueError(f"privacy.mechanism={self.name} has no correlated noise stream")
+
+    # --- privacy.unit=example: the noise of a client's DP-SGD steps ------------------------------------
+    def example_steps(self, cfg: Config, num_samples: int, steps: int) -> ExampleSteps:
+        """How a client of ``num_samples`` training examples and ``steps`` DP-SGD steps a round samples and
+        is accounted. Independent noise: Poisson batches at q = B/n, one event a step."""
+        from raysim.training import sample_rate
+        return ExampleSteps(1, sample_rate(num_samples, cfg.batch_size), steps)
+
+    def client_strategy(self, cfg: Config, total_steps: int, bands: int) -> tuple[float, ...] | None:
+        """The strategy of a client's correlated step noise over its ``total_steps`` steps of the run (what
+        its tasks carry), or None for independent noise."""
+        return None
+
+    def client_stream(self, strategy: tuple[float, ...], size: int) -> Any:
+        """The streaming state of a client's correlated step noise for ``size`` coordinates."""
+        raise ValueError(f"privacy.mechanism={self.name} has no correlated step noise")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from raysim.lazy import LazyModule
-from raysim.privacy.mechanisms.base import ClientMechanism, Plan
+from raysim.privacy.mechanisms.base import ClientMechanism, ExampleSteps, Plan
 
 if TYPE_CHECKING:
     from raysim.config import Config
@@ -47,6 +47,7 @@ class Gaussian(ClientMechanism):
     deployment = True
     varying_sigma = True
     canary_audit = True
+    example_unit = True
 
     def epsilon(self, plan: Plan, sigma: float, rounds: int) -> float:
         return independent_epsilon(plan.sampling, plan.population, plan.cohort, _multipliers(plan, sigma, rounds),
@@ -162,9 +163,26 @@ class BLTMechanism(_Correlated):
 
 class BandMFMechanism(_Correlated):
     """Banded matrix factorisation: each round a client can join is a Poisson-subsampled Gaussian on its own
-    column, ⌈T/G⌉ of them composed (amplified BandMF)."""
+    column, ⌈T/G⌉ of them composed (amplified BandMF). Under ``privacy.unit=example`` the same over each
+    client's DP-SGD steps: its examples in b cyclic groups, each step a Poisson draw from one group."""
 
     name = "bandmf"
+    example_unit = True
+
+    def example_steps(self, cfg: Config, num_samples: int, steps: int) -> ExampleSteps:
+        """b = the largest divisor of τ at most ``privacy.min_separation`` and ⌈n/B⌉ (a group holds at least
+        a batch), so every round takes each group τ/b times; rate min(1, b·B/n), an expected batch of B."""
+        cap = max(1, min(int(cfg.privacy.min_separation or 1), math.ceil(num_samples / cfg.batch_size), steps))
+        bands = max(d for d in range(1, cap + 1) if steps % d == 0)
+        return ExampleSteps(bands, min(1.0, bands * cfg.batch_size / num_samples), steps // bands)
+
+    def client_strategy(self, cfg: Config, total_steps: int, bands: int) -> tuple[float, ...] | None:
+        from raysim.privacy.mechanisms.bandmf import bandmf_for
+        return bandmf_for(total_steps, min(bands, total_steps))
+
+    def client_stream(self, strategy: tuple[float, ...], size: int) -> Any:
+        from raysim.privacy.mechanisms.bandmf import BandMFNoise
+        return BandMFNoise(np.asarray(strategy), size)
 
     def strategy(self, cfg: Config, groups: int) -> tuple[Any, float]:
         from raysim.privacy.mechanisms.bandmf import bandmf_for
