@@ -9,6 +9,7 @@ module imports no torch.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -70,14 +71,28 @@ def independent_epsilon(sampling: str, population: int, cohort: int, multipliers
     if any(m == 0.0 for m in multipliers):
         return math.inf
     if sampling == "uniform":
+        # Replace-one moves the clipped sum by up to 2C: the accounted multiplier is σ/2. RDP composes by
+        # addition, so r rounds at one multiplier are r times one round's curve: what dp-accounting's
+        # RdpAccountant computes for the self-composed event, without computing that round's curve again
+        # every round (about 0.4 s at N = 1,000, k = 50).
         values, counts = np.unique(np.asarray(multipliers, dtype=np.float64), return_counts=True)
-        # Replace-one moves the clipped sum by up to 2C: the accounted multiplier is σ/2.
-        events = [dp_accounting.SelfComposedDpEvent(dp_accounting.SampledWithoutReplacementDpEvent(
-            population, cohort, dp_accounting.GaussianDpEvent(float(v) / 2.0)), int(c)) for v, c in zip(values, counts)]
-        return _rdp_epsilon(dp_accounting.ComposedDpEvent(events), dp_accounting.NeighboringRelation.REPLACE_ONE,
-                            delta)
+        curve = sum(int(c) * _fixed_size_round_curve(population, cohort, float(v) / 2.0) for v, c in zip(values, counts))
+        orders = list(rdp_privacy_accountant.RdpAccountant().orders)
+        return max(float(rdp_privacy_accountant.compute_epsilon(orders, curve, delta)[0]), 0.0)
     q = 1.0 if sampling == "full" else cohort / population
     return compute_epsilon([StepEvent(q, float(m), 1) for m in multipliers], delta, accountant)
+
+
+@functools.lru_cache(maxsize=256)
+def _fixed_size_round_curve(population: int, cohort: int, multiplier: float) -> np.ndarray:
+    """The RDP curve (dp-accounting's default orders, replace-one) of one round: a cohort of ``cohort`` drawn
+    without replacement from ``population``, the Gaussian of ``multiplier`` on its sum."""
+    acc = rdp_privacy_accountant.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    acc.compose(dp_accounting.SampledWithoutReplacementDpEvent(population, cohort,
+                                                               dp_accounting.GaussianDpEvent(multiplier)))
+    curve = np.asarray(acc.rdp, dtype=np.float64)
+    curve.setflags(write=False)
+    return curve
 
 
 class Tree(ClientMechanism):

@@ -208,3 +208,18 @@ def test_degenerate_settings_are_the_gaussian_mechanism():
     # a tree of one leaf per pass: every release gets fresh N(0, std²), independent across passes
     draws = np.stack([prefix_noise(5, p, 1, 2.0, DRAWS).numpy() for p in range(STEPS)])
     assert _covariance_matches(draws, 4.0 * np.eye(STEPS))
+
+
+def test_fixed_size_rounds_compose_one_rounds_curve_as_dp_accounting_composes_the_event():
+    """Rounds on fixed-size cohorts (replace-one, σ/2): r rounds are r times one round's cached RDP curve,
+    which gives dp-accounting's own ε of the self-composed SampledWithoutReplacement event exactly."""
+    import dp_accounting
+    from dp_accounting.rdp import rdp_privacy_accountant
+    from raysim.privacy.mechanisms.builtin import independent_epsilon
+    multipliers = [1.2] * 30 + [0.9] * 10
+    events = [dp_accounting.SelfComposedDpEvent(dp_accounting.SampledWithoutReplacementDpEvent(
+        500, 25, dp_accounting.GaussianDpEvent(m / 2.0)), c) for m, c in ((0.9, 10), (1.2, 30))]
+    reference = rdp_privacy_accountant.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    reference.compose(dp_accounting.ComposedDpEvent(events))
+    assert independent_epsilon("uniform", 500, 25, multipliers, 1e-5, "rdp") == pytest.approx(
+        reference.get_epsilon(1e-5), rel=1e-12)
