@@ -20,6 +20,7 @@ class HalvedGaussian(Gaussian):
 
     name = "halved_gaussian"
     canary_audit = False
+    example_unit = False   # the halving is for the client unit; DP-SGD steps keep the plain Gaussian
 
     def epsilon(self, plan, sigma, rounds):
         return super().epsilon(plan, 0.5 * sigma, rounds)
