@@ -54,7 +54,7 @@ from torch import nn
 
 from raysim.algorithms.uploads import UploadContext, gaussian_uploads
 from raysim.client import ClientRunner
-from raysim.config import DEFAULT_MECHANISM, Config, ConfigError
+from raysim.config import Config, ConfigError, client_mechanism
 from raysim.data import to_float_tensor
 from raysim.experiment import prepare
 from raysim.messages import ClientTask
@@ -478,7 +478,7 @@ def run_audit(plan: RunPlan | Config, canaries: int = 10000, guess_fraction: flo
     spec, clipping = plan.spec, plan.clipping
     if clipping == "none":
         raise ConfigError("nothing to audit: privacy.clipping=none makes no DP claim")
-    if plan.cfg.privacy.mechanism != DEFAULT_MECHANISM:
+    if client_mechanism(plan.cfg.privacy.mechanism).correlated:
         raise ConfigError(f"the record-level audit scores each step's independent Gaussian noise; "
                           f"privacy.mechanism={plan.cfg.privacy.mechanism} correlates it across steps and is not audited")
     # In this process, no checkpoints, each client's update kept, and the test set scored once at the end

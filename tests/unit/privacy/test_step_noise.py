@@ -99,3 +99,10 @@ def test_a_run_refuses_a_method_the_strategy_cannot_account(method, changes, mes
                       **changes)
     with pytest.raises(ConfigError, match=message):
         plan_run(cfg)
+
+
+def test_the_record_level_audit_refuses_correlated_step_noise():
+    from raysim.audit import run_audit
+    cfg = tiny_config(method="fedsa", privacy__epsilon=8.0, privacy__mechanism="bandmf", privacy__min_separation=2)
+    with pytest.raises(ConfigError, match="correlates it across steps and is not audited"):
+        run_audit(cfg, canaries=100)
