@@ -79,26 +79,20 @@ def measure(values: dict, mechanism: str, rounds: int) -> dict:
     releases: list[float] = []
     plans: list[float] = []
 
-    def timed(fn):
+    def timed(fn, into: list[float]):
         def wrapper(*args, **kwargs):
             start = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
-                releases.append(time.perf_counter() - start)
+                into.append(time.perf_counter() - start)
         return wrapper
-
-    def timed_plan(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return original_plan(*args, **kwargs)
-        finally:
-            plans.append(time.perf_counter() - start)
 
     original_plan = simulation_module.client_level_plan
     saved = Server.private_mean, Server.tree_release
-    Server.private_mean, Server.tree_release = timed(Server.private_mean), timed(Server.tree_release)
-    simulation_module.client_level_plan = timed_plan
+    Server.private_mean = timed(Server.private_mean, releases)
+    Server.tree_release = timed(Server.tree_release, releases)
+    simulation_module.client_level_plan = timed(original_plan, plans)
     try:
         sim = simulation_module.Simulation(plan, train, test, SerialExecutor())
         round_s, accounting_s = [], []
