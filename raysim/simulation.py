@@ -193,13 +193,7 @@ class Simulation:
         self.info = test.info
         n = data.num_samples
         self.steps = np.array([steps_per_epoch(int(k), cfg.batch_size) * cfg.local_epochs for k in n])
-        # How each client's DP-SGD steps sample and are accounted (privacy.unit=example): Poisson batches at
-        # q = B/n, one event a step, or the correlated mechanism's cyclic groups (raysim.privacy.mechanisms).
         self.mechanism = client_mechanism(cfg.privacy.mechanism)
-        example = [self.mechanism.example_steps(cfg, int(k), int(s)) for k, s in zip(n, self.steps)]
-        self.example_steps = example
-        self.q = np.array([e.rate for e in example])
-        accounted_steps = np.array([e.events for e in example])
         # Public schedule, drawn up front from the seed (raysim.participation).
         self.schedule = participation_schedule(cfg)
         self._strategies: dict[int, tuple[float, ...]] = {}   # the clients' step strategies, built as they first train
@@ -214,7 +208,11 @@ class Simulation:
             self.privacy: PrivacyBook | PopulationBook = PopulationBook(client_level, cfg.num_clients, self.schedule)
         else:
             client_level = None
-            self.privacy = PrivacyBook(self.spec, cfg, self.clipping, self.q, accounted_steps, self.schedule)
+            # How each client's DP-SGD steps sample and are accounted: Poisson batches at q = B/n, one event a
+            # step, or a correlated mechanism's cyclic groups of its examples (raysim.privacy.mechanisms).
+            self.example_steps = [self.mechanism.example_steps(cfg, int(k), int(s)) for k, s in zip(n, self.steps)]
+            self.privacy = PrivacyBook(self.spec, cfg, self.clipping, np.array([e.rate for e in self.example_steps]),
+                                       np.array([e.events for e in self.example_steps]), self.schedule)
         self.full_participation = self.privacy.full_participation
         self.epsilon_scope = self.run_plan.epsilon_scope   # whose ε the rows carry
         self.model = model_for(cfg, train.info, self.spec.model_options(cfg))
