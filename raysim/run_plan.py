@@ -8,7 +8,7 @@ actors need: the clipping mode, the run id, the server hold-out size, the upload
 it is, and the part of the config a sweep's actor pool reads. This module is the only caller of
 :func:`raysim.algorithms.registry.resolve_preset`.
 
-It imports neither torch nor Ray.
+Importing it imports neither torch nor Ray.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def run_id_for(cfg: Config | RunPlan) -> str:
     return _run_id(*_settle(cfg))
 
 
-def check_registries(cfg: Config, spec: "MethodSpec") -> None:
+def _check_registries(cfg: Config, spec: "MethodSpec") -> None:
     """The checks of a settled config that need the registries (data set, model, engine, method)."""
     from raysim.data import DATASETS
     if cfg.data.name not in DATASETS:
@@ -131,7 +131,7 @@ def plan_run(cfg: Config | RunPlan) -> RunPlan:
     from raysim.privacy.plan import epsilon_exceptions, resolve_clipping
     from raysim.privacy.population import epsilon_scope
     cfg, spec = _settle(cfg)
-    check_registries(cfg, spec)
+    _check_registries(cfg, spec)
     clipping = resolve_clipping(spec, cfg)
     return RunPlan(cfg, clipping, _run_id(cfg, spec), server_holdout_size(cfg), epsilon_exceptions(spec, cfg, clipping),
                    epsilon_scope(cfg), ActorNeeds.of(cfg), spec)
