@@ -101,9 +101,8 @@ class ClientMechanism:
     # --- privacy.unit=example: the noise of a client's DP-SGD steps ------------------------------------
     def example_steps(self, cfg: Config, num_samples: int, steps: int) -> ExampleSteps:
         """How a client of ``num_samples`` training examples and ``steps`` DP-SGD steps a round samples and
-        is accounted. Independent noise: Poisson batches at q = B/n, one event a step."""
-        from raysim.training import sample_rate
-        return ExampleSteps(1, sample_rate(num_samples, cfg.batch_size), steps)
+        is accounted. Independent noise: Poisson batches at q = min(1, B/n), one event a step."""
+        return ExampleSteps(1, min(1.0, cfg.batch_size / num_samples), steps)
 
     def client_strategy(self, cfg: Config, total_steps: int, bands: int) -> tuple[float, ...] | None:
         """The strategy of a client's correlated step noise over its ``total_steps`` steps of the run (what
