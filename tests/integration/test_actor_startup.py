@@ -23,6 +23,7 @@ FORBIDDEN = ("pandas", "pyarrow", "matplotlib", "sklearn", "raysim.cli", "raysim
 def test_client_actor_import_path(ray_session):
     from raysim.runtime.client_actor import ClientActor
     from raysim.messages import ClientData, ClientTask, RoundPayload
+    from raysim.run_plan import plan_run
     import torch
 
     cfg = config_from_dict({"method": "fedsa", "num_clients": 2, "privacy": {"noise_multiplier": 1.0}})
@@ -35,7 +36,7 @@ def test_client_actor_import_path(ray_session):
         weights = torch.nn.utils.parameters_to_vector(model_for(cfg, train.info).parameters()).detach()
         shard = ClientData(0, np.arange(64), np.arange(64, 70))
         result = ray_session.get(actor.train.remote(RoundPayload(1, weights, weights), ClientTask(0, 1, 1.0, 1.0), shard,
-                                                    ("run-a", cfg, "per_sample", train_ref)))
+                                                    ("run-a", plan_run(cfg), train_ref)))
         assert result.client_id == 0 and result.num_samples == 64
         loaded = set(ray_session.get(actor.modules.remote()))
         spin = ray_session.get(actor.__ray_call__.remote(lambda self: __import__("os").environ.get("GOMP_SPINCOUNT")))
