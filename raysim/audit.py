@@ -434,8 +434,8 @@ class _AuditExecutor:
         self.deltas: list[torch.Tensor] = []
         self.tasks: list[ClientTask] = []
 
-    def start(self, cfg: Config, clipping: str, train: Any) -> None:
-        self.runner = ClientRunner(cfg, clipping, train)
+    def start(self, plan: RunPlan, train: Any) -> None:
+        self.runner = ClientRunner(plan.cfg, plan.clipping, train)
         self.runner.canaries = lambda task: self.canaries_for(task) if task.client_id == self.client_id else None
 
     def ready(self) -> None:
