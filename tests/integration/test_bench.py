@@ -113,6 +113,16 @@ def test_correlated_noise():
     assert all((r["stream_step_ms"] is None) == (r["mechanism"] in ("gaussian", "tree")) for r in rows)
 
 
+def test_mechanism_cost():
+    out = json.loads(_run("mechanism_cost.py", "--dataset", "digits", "--rounds", "2", "--mechanisms",
+                          "gaussian,gaussian-fixed,bandmf", "--json"))
+    rows = {r["mechanism"]: r for r in out["rows"]}
+    assert set(rows) == {"gaussian", "gaussian-fixed", "bandmf"}
+    assert all(r["round_s"] > 0 and r["release_s"] > 0 and 0 < r["share"] < 1 for r in rows.values())
+    assert rows["gaussian"]["state_bytes"] == rows["gaussian-fixed"]["state_bytes"] == 0
+    assert rows["bandmf"]["state_bytes"] > 0 and rows["bandmf"]["state_bytes"] % (8 * rows["bandmf"]["num_params"]) == 0
+
+
 def test_make_bench_runs_every_script():
     makefile = (REPO / "Makefile").read_text()
     target = makefile[makefile.index("\nbench:"):].split("\n\n")[0]
