@@ -65,7 +65,7 @@ from raysim.privacy.grad_sample import LayerCanaries, SparseExamples, make_engin
 from raysim.privacy.plan import accounting_factor
 from raysim.rng import np_generator, torch_generator
 from raysim.run_data import make_partition
-from raysim.run_plan import ActorNeeds, RunPlan, plan_run
+from raysim.run_plan import RunPlan, plan_run
 from raysim.training import example_norm_pass, sample_rate, steps_per_epoch
 
 __all__ = ["AuditError", "AuditResult", "LayerAudit", "SideChannelAudit", "RecordAudit", "audit_ceiling",
@@ -486,7 +486,7 @@ def run_audit(plan: RunPlan | Config, canaries: int = 10000, guess_fraction: flo
     cfg = plan.cfg.replace(runtime=dataclasses.replace(plan.cfg.runtime, executor="serial", checkpoint_every=0,
                                                        sum_on_actors=False),
                            eval_every=plan.cfg.rounds)
-    plan = dataclasses.replace(plan, cfg=cfg, needs=ActorNeeds.of(cfg))
+    plan = dataclasses.replace(plan, cfg=cfg)
     train, test = prepare(plan)
     client = make_partition(cfg, train)[client_id]
     x0 = to_float_tensor(train.x[client.train_indices[:1]], train.info)

@@ -47,7 +47,7 @@ class RunPlan:
     runs table stores); ``spec`` is the method; ``clipping`` the resolved ``privacy.clipping``;
     ``server_holdout`` the training examples held out for the server; ``epsilon_exceptions`` the opt-in keys
     of the uploads ε does not cover ("" when it covers every one); ``epsilon_scope`` whose ε it is
-    (per-client, population or deployment); ``needs`` what the client actors are started from.
+    (per-client, population or deployment); ``needs`` (derived from the config) what the client actors are started from.
 
     Pickled (to a driver or client actor), a plan carries its method by name and finds its spec in the
     receiving process's registry, where the same plugins are loaded."""
@@ -58,8 +58,11 @@ class RunPlan:
     server_holdout: int
     epsilon_exceptions: str
     epsilon_scope: str
-    needs: ActorNeeds
     spec: "MethodSpec" = field(compare=False, repr=False)
+
+    @property
+    def needs(self) -> ActorNeeds:
+        return ActorNeeds.of(self.cfg)
 
     def __reduce__(self):
         values = tuple(getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "spec")
@@ -68,8 +71,7 @@ class RunPlan:
     def with_runtime(self, runtime: RuntimeConfig) -> "RunPlan":
         """The same run executed with other runtime settings (where and how fast: never its results, so
         its id stays)."""
-        cfg = self.cfg.replace(runtime=runtime)
-        return dataclasses.replace(self, cfg=cfg, needs=ActorNeeds.of(cfg))
+        return dataclasses.replace(self, cfg=self.cfg.replace(runtime=runtime))
 
 
 def _unpickle_plan(*values: object) -> RunPlan:
@@ -134,4 +136,4 @@ def plan_run(cfg: Config | RunPlan) -> RunPlan:
     _check_registries(cfg, spec)
     clipping = resolve_clipping(spec, cfg)
     return RunPlan(cfg, clipping, _run_id(cfg, spec), server_holdout_size(cfg), epsilon_exceptions(spec, cfg, clipping),
-                   epsilon_scope(cfg), ActorNeeds.of(cfg), spec)
+                   epsilon_scope(cfg), spec)
