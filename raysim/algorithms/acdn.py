@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from raysim.algorithms.base import Aggregate, MethodContext, MethodSpec, Server, client_level_gaussian, weighted_sum
+from raysim.algorithms.base import Aggregate, MethodContext, MethodSpec, Server, client_level_gaussian
 from raysim.algorithms.registry import register
 from raysim.algorithms.server_math import decaying_sigma_schedule
 from raysim.config import Config, fail
@@ -48,12 +48,7 @@ class ACDNServer(Server):
 
     def aggregate(self, server_round: int, global_weights: torch.Tensor, results: Sequence[ClientResult]) -> Aggregate:
         mu = float(self.cfg.acdn.momentum)
-        if self.ctx.client_level is not None:
-            mean, logs = self.private_mean(server_round, results).to(torch.float64), self.uniform_logs(results)
-        else:
-            weights = self.sample_weights(results)
-            mean = weighted_sum([r.delta.to(torch.float64) for r in results], weights)
-            logs = [{"aggregation_weight": float(w)} for w in weights]
+        mean, logs = self.mean_update(server_round, results)
         if self.momentum is None:
             self.momentum = torch.zeros_like(mean)
         self.momentum = mu * self.momentum + (1.0 - mu) * mean

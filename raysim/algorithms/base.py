@@ -224,6 +224,17 @@ class Server:
         self.release_snr = _snr(mean, noise)
         return (mean + noise.double()).to(torch.float32)
 
+    def mean_update(self, server_round: int, results: Sequence[ClientResult],
+                    weights: Sequence[float] | None = None) -> tuple[torch.Tensor, list[dict[str, float]]]:
+        """The round's mean update in float64, for a server rule that steps from it (a momentum, an EMA), and
+        each participant's ``aggregation_weight`` log. Under ``privacy.unit=client`` it is the client-level
+        release (:meth:`private_mean`: the clipped updates' sum, noised, over k; each weight 1/k) and
+        ``weights`` is not used; else Σ_i w_i Δ_i with ``weights``, by default the sample shares n_i / Σ_j n_j."""
+        if self.ctx.client_level is not None:
+            return self.private_mean(server_round, results).double(), self.uniform_logs(results)
+        w = self.sample_weights(results) if weights is None else [float(x) for x in weights]
+        return flat.sum64([r.delta for r in results], w), [{"aggregation_weight": float(x)} for x in w]
+
     def client_sum(self, results: Sequence[ClientResult]) -> torch.Tensor:
         """Σ_i Δ_i in float64 (zeros for an empty cohort)."""
         return (flat.sum64([r.delta for r in results], [1.0] * len(results)) if results

@@ -20,7 +20,6 @@ import torch
 
 from raysim.algorithms.base import Aggregate, MethodContext, MethodSpec, Server, client_level_gaussian
 from raysim.algorithms.fedprox import ProximalHooks
-from raysim.algorithms.flat import sum64
 from raysim.algorithms.registry import register
 from raysim.config import Config, fail
 from raysim.algorithms.server_math import fedacg_lookahead, fedacg_server_update
@@ -49,11 +48,9 @@ class FedACGServer(Server):
         return RoundPayload(server_round, w_tilde, w_tilde, {})
 
     def aggregate(self, server_round: int, global_weights: torch.Tensor, results: Sequence[ClientResult]) -> Aggregate:
-        mean_delta = (self.private_mean(server_round, results).double() if self.ctx.client_level is not None
-                      else sum64([r.delta for r in results])).numpy()
+        mean_delta, logs = self.mean_update(server_round, results, [1 / max(len(results), 1)] * len(results))
         w = global_weights.detach().to(torch.float64).cpu().numpy()
-        new_w, self.momentum = fedacg_server_update(w, self.momentum, mean_delta, self.cfg.fedacg.lam)
-        logs = self.uniform_logs(results)
+        new_w, self.momentum = fedacg_server_update(w, self.momentum, mean_delta.numpy(), self.cfg.fedacg.lam)
         return Aggregate(torch.from_numpy(new_w).to(global_weights.dtype), logs, {})
 
 

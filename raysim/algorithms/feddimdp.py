@@ -314,12 +314,10 @@ class FedDimDPServer(Server):
                            nominal_weight=res.nominal_weight[i], deviation=res.deviation[i],
                            deviation_normalized=res.deviation_normalized[i], robust_weight=res.robust_weight[i])
             new_weights = global_weights + step_size * weighted_sum([r.delta for r in results], weights)
-        elif self.ctx.client_level is not None:   # LLDM only (the client unit refuses ADPC and CRA)
-            weights = np.array([row["aggregation_weight"] for row in self.uniform_logs(results)])
-            new_weights = global_weights + self.private_mean(server_round, results)
-        else:
-            weights = self.sample_weights(results)
-            new_weights = global_weights + weighted_sum([r.delta for r in results], weights)
+        else:   # the only branch under privacy.unit=client, which refuses ADPC and CRA
+            mean, mean_logs = self.mean_update(server_round, results)
+            weights = np.array([row["aggregation_weight"] for row in mean_logs])
+            new_weights = global_weights + mean.to(global_weights.dtype)
         for row, w in zip(logs, weights):
             row["aggregation_weight"] = float(w)
         round_logs: dict[str, float] = {}
