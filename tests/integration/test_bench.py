@@ -113,6 +113,18 @@ def test_correlated_noise():
     assert all((r["stream_step_ms"] is None) == (r["mechanism"] in ("gaussian", "tree")) for r in rows)
 
 
+def test_step_noise():
+    rows = {r["mechanism"]: r for r in json.loads(_run("step_noise.py", "--examples", "134", "--json"))}
+    ind, band = rows["gaussian"], rows["bandmf"]
+    assert ind["bands"] == 1 and band["bands"] == rows["bandmf-round-end"]["bands"] == 3
+    assert band["sigma"] > ind["sigma"] and band["step_ratio"] > 1 and ind["prefix_round_end_ratio"] == 1
+    # one band is the independent mechanism: the same σ and the same noise everywhere
+    one = {r["mechanism"]: r for r in json.loads(_run("step_noise.py", "--examples", "134", "--min-separation", "1",
+                                                      "--json"))}
+    assert one["bandmf"]["sigma"] == pytest.approx(one["gaussian"]["sigma"])
+    assert one["bandmf"]["prefix_round_end_ratio"] == pytest.approx(1.0)
+
+
 def test_mechanism_cost():
     out = json.loads(_run("mechanism_cost.py", "--dataset", "digits", "--rounds", "2", "--mechanisms",
                           "gaussian,gaussian-fixed,bandmf", "--json"))
