@@ -122,6 +122,8 @@ class PrivacyConfig:
                                        # (BandMF's bands); None: min(N // k, rounds). Example unit, bandmf
                                        # (required): the bands b over each client's steps (at most b, a divisor of
                                        # its steps a round)
+    workload_decay: float = 0.0        # bandmf: η of the workload its strategy is optimised for, the model after
+                                       # w_t = (1 − η) w_{t−1} + x_t (0: prefix sums; docs/privacy.md)
     noise_cohort_size: int | None = None   # client unit: k' of a deployment the noise is sized for (with
     population_size: int | None = None     # population_size N'); ε is then the deployment's
     allow_uncovered: tuple[str, ...] = ()  # uploads computed from private data without noise that the run
@@ -451,6 +453,13 @@ def _check_unit(cfg: Config) -> None:
         cyclic = "|".join(m.name for m in client_mechanisms() if m.cyclic)
         _fail("privacy.min_separation", f"sets the cyclic groups of privacy.mechanism={cyclic}; "
                                         f"this run's mechanism is {p.mechanism}")
+    if p.workload_decay != 0.0:
+        if not mech.damped_workload:
+            damped = "|".join(m.name for m in client_mechanisms() if m.damped_workload)
+            _fail("privacy.workload_decay", f"shapes the strategy of privacy.mechanism={damped}; this run's mechanism "
+                                            f"is {p.mechanism}")
+        if not 0.0 <= p.workload_decay < 1.0:
+            _fail("privacy.workload_decay", f"must be in [0, 1), got {p.workload_decay}")
     if p.unit == "example":
         if not mech.example_unit:
             steps = "|".join(m.name for m in client_mechanisms() if m.example_unit)
@@ -633,7 +642,7 @@ def server_holdout_size(cfg: Config) -> int:
 #: Privacy and data keys that enter a run's id only when set away from their default, so the ids of configs
 #: that do not use them stay what they were before the keys existed.
 _HASHED_UNLESS_DEFAULT = (("unit", "example"), ("mechanism", DEFAULT_MECHANISM), ("noise_cohort_size", None),
-                          ("population_size", None), ("min_separation", None))
+                          ("population_size", None), ("min_separation", None), ("workload_decay", 0.0))
 _DATA_HASHED_UNLESS_DEFAULT = (("max_samples_per_user", None),)
 
 #: Runtime keys that change a run's results: the thread count moves sums in the last place (MKL splits

@@ -7,7 +7,10 @@ For each mechanism (gaussian with Poisson cohorts, tree with shuffled passes, bl
 Poisson groups, at the default G = min(N // k, T) and at G = 5) the privacy plan is built as a run builds
 it (``client_level_plan``: σ calibrated to ε, the strategy optimised), timed, and the std of the noise on
 the released prefix sums of the updates (the model's noise) is computed from the strategy, in units of
-C/k: its maximum and mean over the T prefixes. Then one noise-stream step (``--params`` coordinates,
+C/k: its maximum and mean over the T prefixes. ``damped_noise_<η>`` is the noise left on the model after
+round T when training pulls the model back by a fraction η of its displacement each round
+(w_t = (1 − η) w_{t−1} + release_t: a quadratic loss's restoring force, which the prefix-sum workload,
+η = 0, leaves out), for each η of ``--decays``. Then one noise-stream step (``--params`` coordinates,
 default the paper CNN's 2,156,490, one torch thread) is timed per mechanism, beside the i.i.d. draw.
 numpy, scipy and torch only; no data, no Ray.
 """
@@ -20,6 +23,7 @@ import time
 
 import numpy as np
 import torch
+from scipy.signal import lfilter
 
 from raysim.config import config_from_dict
 from raysim.noise import GaussianNoise
@@ -45,22 +49,35 @@ def _plan_rows(args: argparse.Namespace) -> list[dict]:
         seconds = time.perf_counter() - start
         row = {"mechanism": mechanism, "groups": plan.groups or None, "rate": plan.sample_rate,
                "sigma": plan.sigma, "sigma_times_sens": plan.sigma * plan.sensitivity, "plan_seconds": seconds,
-               "strategy": None, "max_prefix_noise": None, "mean_prefix_noise": None}
+               "strategy": None, "max_prefix_noise": None, "mean_prefix_noise": None,
+               **{f"damped_noise_{eta:g}": None for eta in args.decays}}
+        noising = None   # C⁻¹'s first column: the noise each round's release carries
         if mechanism == "gaussian":
-            err = np.arange(1, args.rounds + 1, dtype=np.float64)
+            noising = np.ones(1)
         elif plan.correlated:
             coefs = plan.strategy.blt.coefs(args.rounds) if mechanism == "blt" else np.asarray(plan.strategy)
             row["strategy"] = f"{plan.strategy.buffers} buffers" if mechanism == "blt" else f"{len(coefs)} bands"
-            err = per_query_error(inverse_coefs(coefs, args.rounds), args.rounds)
-        else:
-            err = None   # the tree restarts every pass: its prefixes are the pass's
-        if err is not None:
+            noising = inverse_coefs(coefs, args.rounds)
+        # (the tree restarts every pass: its prefixes are the pass's, none to compare)
+        if noising is not None:
             scale = plan.sigma * plan.sensitivity
+            err = per_query_error(noising, args.rounds)
             row["max_prefix_noise"] = float(np.sqrt(err.max()) * scale)
             row["mean_prefix_noise"] = float(np.sqrt(err.mean()) * scale)
+            for eta in args.decays:
+                row[f"damped_noise_{eta:g}"] = _damped_noise(noising, args.rounds, eta) * scale
         row["plan"] = plan
         rows.append(row)
     return rows
+
+
+def _damped_noise(noising: np.ndarray, rounds: int, eta: float) -> float:
+    """Std of Σ_s (1 − η)^{T−s} n_s, the noise on the model after T rounds of w_t = (1 − η) w_{t−1} + release_t,
+    for releases whose noise n = C⁻¹ z has first column ``noising`` (unit z)."""
+    impulse = np.zeros(rounds)
+    impulse[: min(rounds, len(noising))] = noising[:rounds]
+    kernel = lfilter([1.0], [1.0, -(1.0 - eta)], impulse)
+    return float(np.sqrt(np.sum(kernel * kernel)))
 
 
 def _timed(step, repeats: int = 10) -> float:
@@ -79,6 +96,8 @@ def main() -> None:
     p.add_argument("--epsilon", type=float, default=8.0)
     p.add_argument("--delta", type=float, default=1e-6)
     p.add_argument("--params", type=int, default=2_156_490)
+    p.add_argument("--decays", type=lambda v: [float(x) for x in v.split(",")], default=[0.01, 0.1],
+                   help="comma-separated η for the damped_noise columns (default 0.01,0.1)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -96,7 +115,8 @@ def main() -> None:
         print(json.dumps(rows, indent=1))
         return
     cols = ["mechanism", "groups", "rate", "strategy", "sigma", "sigma_times_sens", "max_prefix_noise",
-            "mean_prefix_noise", "plan_seconds", "draw_ms", "stream_step_ms"]
+            "mean_prefix_noise", *(f"damped_noise_{eta:g}" for eta in args.decays), "plan_seconds", "draw_ms",
+            "stream_step_ms"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for row in rows:

@@ -8,7 +8,9 @@ columns ``b`` or more apart have disjoint support, so a participant who takes pa
 * :func:`optimize_bandmf`: the coefficients minimising the mean error of the ``n`` released prefix sums
   times the squared sensitivity (scale-free, so ``c_0 = 1`` is fixed during the search and the result is
   normalised to unit norm). The error and its gradient come from two recursive filters over n steps
-  (``C⁻¹`` and ``C⁻ᵀ``), so L-BFGS over b − 1 numbers costs O(n·b) a step.
+  (``C⁻¹`` and ``C⁻ᵀ``), so L-BFGS over b − 1 numbers costs O(n·b) a step. With ``decay`` η > 0 the
+  workload is the damped sums ``w_t = (1 − η) w_{t−1} + x_t`` instead (the Toeplitz ``A`` with first
+  column ``(1 − η)^t``): the model under a loss that pulls it back by η of its displacement a round.
 * :class:`BandMFNoise`: the correlated noise ``(C⁻¹ z)_t``, from the recursion
   ``w_t = (z_t − Σ_{j=1}^{b−1} c_j w_{t−j}) / c_0``: the last b − 1 noise vectors are the whole state.
 * :func:`amplified_bandmf_event`: under cyclic Poisson participation (the participants of step t drawn with
@@ -33,12 +35,14 @@ __all__ = ["optimize_bandmf", "bandmf_loss", "bandmf_sensitivity_squared", "Band
            "amplified_bandmf_event", "amplified_steps", "bandmf_for"]
 
 
-def _error_and_grad(coefs: np.ndarray, n: int) -> tuple[float, np.ndarray]:
-    """Mean over the n prefix sums of their variance (unit noise on C x), and its gradient in ``coefs``.
+def _error_and_grad(coefs: np.ndarray, n: int, decay: float = 0.0) -> tuple[float, np.ndarray]:
+    """Mean over the n queries of the workload A (prefix sums, or damped sums with ``decay``) of their
+    variance (unit noise on C x), and its gradient in ``coefs``.
 
-    x = C⁻¹ 1 is the first column of B = A C⁻¹; the error of prefix t is Σ_{s≤t} x_s², so the mean is
-    Σ_s x_s² (n − s)/n. With y = C⁻ᵀ (u ∘ x), u_s = 2 (n − s)/n: ∂/∂c_j = −Σ_s y_s x_{s−j}."""
-    x = lfilter([1.0], coefs, np.ones(n))
+    x = C⁻¹ a, a = A's first column ((1 − η)^t), is the first column of B = A C⁻¹ (Toeplitz matrices
+    commute); the error of query t is Σ_{s≤t} x_s², so the mean is Σ_s x_s² (n − s)/n. With
+    y = C⁻ᵀ (u ∘ x), u_s = 2 (n − s)/n: ∂/∂c_j = −Σ_s y_s x_{s−j}."""
+    x = lfilter([1.0], coefs, (1.0 - decay) ** np.arange(n))
     weight = (n - np.arange(n)) / n
     error = float(np.sum(weight * x * x))
     y = lfilter([1.0], coefs, (2.0 * weight * x)[::-1])[::-1]
@@ -46,15 +50,16 @@ def _error_and_grad(coefs: np.ndarray, n: int) -> tuple[float, np.ndarray]:
     return error, grad
 
 
-def bandmf_loss(coefs: np.ndarray, n: int) -> float:
+def bandmf_loss(coefs: np.ndarray, n: int, decay: float = 0.0) -> float:
     """Mean error × squared sensitivity (one participation) of the banded strategy ``coefs``."""
     c = np.asarray(coefs, dtype=np.float64)
-    return _error_and_grad(c, n)[0] * float(c @ c)
+    return _error_and_grad(c, n, decay)[0] * float(c @ c)
 
 
-def optimize_bandmf(n: int, bands: int, steps: int = 500) -> np.ndarray:
+def optimize_bandmf(n: int, bands: int, steps: int = 500, decay: float = 0.0) -> np.ndarray:
     """The ``bands`` coefficients (unit L2 norm, c_0 > 0) of the banded Toeplitz strategy minimising
-    :func:`bandmf_loss` over ``n`` steps. One band is the identity: independent Gaussian noise."""
+    :func:`bandmf_loss` over ``n`` steps (the workload damped by ``decay``). One band is the identity:
+    independent Gaussian noise."""
     if n < 1 or bands < 1:
         raise ValueError(f"n and bands must be >= 1, got n={n}, bands={bands}")
     bands = min(bands, n)
@@ -63,7 +68,7 @@ def optimize_bandmf(n: int, bands: int, steps: int = 500) -> np.ndarray:
 
     def fun(tail: np.ndarray) -> tuple[float, np.ndarray]:
         c = np.concatenate([[1.0], tail])
-        error, grad = _error_and_grad(c, n)
+        error, grad = _error_and_grad(c, n, decay)
         norm = float(c @ c)
         return error * norm, (2.0 * c * error + norm * grad)[1:]
 
@@ -130,6 +135,7 @@ class BandMFNoise:
 
 
 @functools.lru_cache(maxsize=256)
-def bandmf_for(rounds: int, bands: int) -> tuple[float, ...]:
-    """The BandMF coefficients for T rounds and b bands (a pure function, kept like :func:`blt_for`'s)."""
-    return tuple(float(c) for c in optimize_bandmf(rounds, bands))
+def bandmf_for(rounds: int, bands: int, decay: float = 0.0) -> tuple[float, ...]:
+    """The BandMF coefficients for T rounds, b bands and the workload's ``decay`` (a pure function, kept like
+    :func:`blt_for`'s)."""
+    return tuple(float(c) for c in optimize_bandmf(rounds, bands, decay=decay))

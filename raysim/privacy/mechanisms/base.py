@@ -64,6 +64,8 @@ class ClientMechanism:
     canary_audit: bool = False
     #: Also the noise of each client's DP-SGD steps under ``privacy.unit=example``.
     example_unit: bool = False
+    #: Its strategy can be optimised for a damped workload (``privacy.workload_decay``).
+    damped_workload: bool = False
 
     def sampling(self, cfg: Config) -> str:
         """How the accounted cohorts are drawn: poisson | uniform | full | shuffle | cyclic (a deployment

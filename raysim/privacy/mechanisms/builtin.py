@@ -183,6 +183,7 @@ class BandMFMechanism(_Correlated):
 
     name = "bandmf"
     example_unit = True
+    damped_workload = True
 
     def example_steps(self, cfg: Config, num_samples: int, steps: int) -> ExampleSteps:
         """b = the largest divisor of τ at most ``privacy.min_separation`` and ⌈n/B⌉ (a group holds at least
@@ -193,7 +194,7 @@ class BandMFMechanism(_Correlated):
 
     def client_strategy(self, cfg: Config, total_steps: int, bands: int) -> tuple[float, ...] | None:
         from raysim.privacy.mechanisms.bandmf import bandmf_for
-        return bandmf_for(total_steps, min(bands, total_steps))
+        return bandmf_for(total_steps, min(bands, total_steps), cfg.privacy.workload_decay)
 
     def client_stream(self, strategy: tuple[float, ...], size: int) -> Any:
         from raysim.privacy.mechanisms.bandmf import BandMFNoise
@@ -201,7 +202,7 @@ class BandMFMechanism(_Correlated):
 
     def strategy(self, cfg: Config, groups: int) -> tuple[Any, float]:
         from raysim.privacy.mechanisms.bandmf import bandmf_for
-        return bandmf_for(cfg.rounds, min(groups, cfg.rounds)), 1.0
+        return bandmf_for(cfg.rounds, min(groups, cfg.rounds), cfg.privacy.workload_decay), 1.0
 
     def correlated_epsilon(self, plan: Plan, sigma: float, rounds: int) -> float:
         from raysim.privacy.accounting import StepEvent, compute_epsilon

@@ -106,6 +106,33 @@ def test_bandmf_is_unit_norm_and_beats_the_banded_square_root_and_fewer_bands():
     assert losses[0] == pytest.approx((n + 1) / 2) and losses[0] > losses[1] > losses[2]
 
 
+def test_bandmf_for_a_damped_workload_minimises_its_error_and_tends_to_independent_noise():
+    n, bands = 60, 10
+    prefix = optimize_bandmf(n, bands)
+    assert np.array_equal(optimize_bandmf(n, bands, decay=0.0), prefix)
+    for eta in (0.05, 0.3):
+        c = optimize_bandmf(n, bands, decay=eta)
+        assert np.linalg.norm(c) == pytest.approx(1.0) and np.all(c >= -1e-9) and np.all(np.diff(c) <= 1e-9)
+        workload = materialize((1.0 - eta) ** np.arange(n), n)   # w_t = (1 − η) w_{t−1} + x_t
+        b = workload @ np.linalg.inv(materialize(c, n))
+        assert bandmf_loss(c, n, eta) == pytest.approx(np.mean(np.sum(b * b, axis=1)), rel=1e-9)
+        assert bandmf_loss(c, n, eta) < 0.99 * bandmf_loss(prefix, n, eta)
+    # a workload that forgets almost everything each round is the identity: one band is optimal
+    assert np.allclose(optimize_bandmf(n, bands, decay=0.99)[1:], 0.0, atol=0.01)
+
+
+def test_workload_decay_is_refused_for_a_mechanism_without_a_strategy():
+    from raysim.config import ConfigError, config_from_dict
+    base = {"method": "fedavg", "num_clients": 100, "clients_per_round": 10, "participation": "poisson",
+            "privacy": {"unit": "client", "epsilon": 8.0}}
+    with pytest.raises(ConfigError, match="'privacy.workload_decay': shapes the strategy of privacy.mechanism=bandmf"):
+        config_from_dict({**base, "privacy": {**base["privacy"], "workload_decay": 0.1}})
+    with pytest.raises(ConfigError, match=r"'privacy.workload_decay': must be in \[0, 1\)"):
+        config_from_dict({**base, "privacy": {**base["privacy"], "mechanism": "bandmf", "workload_decay": 1.0}})
+    cfg = config_from_dict({**base, "privacy": {**base["privacy"], "mechanism": "bandmf", "workload_decay": 0.1}})
+    assert cfg.privacy.workload_decay == 0.1
+
+
 def test_bandmf_at_large_n_is_quick_and_b_min_separation_sensitivity_counts_participations():
     c = optimize_bandmf(100_000, 8)
     assert bandmf_sensitivity_squared(c, 100_000, min_sep=8, participations=None) == pytest.approx(100_000 / 8)
