@@ -61,6 +61,7 @@ bench: install-dev
 	$(BIN)/python experiments/bench/accounting_round.py
 	$(BIN)/python experiments/bench/correlated_noise.py
 	$(BIN)/python experiments/bench/step_noise.py
+	$(BIN)/python experiments/bench/restoring_force.py
 	$(BIN)/python experiments/bench/mechanism_cost.py $(if $(DATA_ROOT),--data-root $(DATA_ROOT),--dataset digits)
 	$(BIN)/python experiments/bench/tune_speed.py --lrs 2 --rounds 5 --final-seeds 2
 

@@ -125,6 +125,13 @@ def test_step_noise():
     assert one["bandmf"]["prefix_round_end_ratio"] == pytest.approx(1.0)
 
 
+def test_restoring_force():
+    row = json.loads(_run("restoring_force.py", "--at", "2", "--rounds", "2", "--set", "num_clients=40",
+                          "--set", "clients_per_round=10", "--json"))
+    assert row["mechanism"] == "gaussian" and row["noise_std"] > 0 and row["delta0_norm"] > 0
+    assert len(row["ratios"]) == 2 and all(r > 0 for r in row["ratios"]) and row["eta"] < 1
+
+
 def test_mechanism_cost():
     out = json.loads(_run("mechanism_cost.py", "--dataset", "digits", "--rounds", "2", "--mechanisms",
                           "gaussian,gaussian-fixed,bandmf", "--json"))
