@@ -7,7 +7,9 @@ For each mechanism (gaussian with Poisson cohorts, tree with shuffled passes, bl
 Poisson groups, at the default G = min(N // k, T) and at G = 5) the privacy plan is built as a run builds
 it (``client_level_plan``: σ calibrated to ε, the strategy optimised), timed, and the std of the noise on
 the released prefix sums of the updates (the model's noise) is computed from the strategy, in units of
-C/k: its maximum and mean over the T prefixes. ``damped_noise_<η>`` is the noise left on the model after
+C/k: its maximum and mean over the T prefixes, and ``round_noise``, the largest std of one round's release
+(σ·sens times the largest row norm of C⁻¹; σ for independent noise). ``--workload-decays`` adds a bandmf row
+for each ``privacy.workload_decay``. ``damped_noise_<η>`` is the noise left on the model after
 round T when training pulls the model back by a fraction η of its displacement each round
 (w_t = (1 − η) w_{t−1} + release_t: a quadratic loss's restoring force, which the prefix-sum workload,
 η = 0, leaves out), for each η of ``--decays``. Then one noise-stream step (``--params`` coordinates,
@@ -36,7 +38,8 @@ def _plan_rows(args: argparse.Namespace) -> list[dict]:
             "participation": "poisson", "rounds": args.rounds,
             "privacy": {"unit": "client", "epsilon": args.epsilon, "delta": args.delta}}
     arms = [("gaussian", {}), ("tree", {}), ("blt", {}), ("bandmf", {}),
-            ("blt", {"min_separation": 5}), ("bandmf", {"min_separation": 5})]
+            ("blt", {"min_separation": 5}), ("bandmf", {"min_separation": 5}),
+            *(("bandmf", {"workload_decay": eta}) for eta in args.workload_decays)]
     rows = []
     for mechanism, extra in arms:
         values = {**base, "privacy": {**base["privacy"], "mechanism": mechanism, **extra}}
@@ -47,9 +50,10 @@ def _plan_rows(args: argparse.Namespace) -> list[dict]:
         start = time.perf_counter()
         plan = client_level_plan(cfg, np.ones(args.rounds), adaptive_count=False)
         seconds = time.perf_counter() - start
-        row = {"mechanism": mechanism, "groups": plan.groups or None, "rate": plan.sample_rate,
+        row = {"mechanism": mechanism, "workload_decay": extra.get("workload_decay", 0.0),
+               "groups": plan.groups or None, "rate": plan.sample_rate,
                "sigma": plan.sigma, "sigma_times_sens": plan.sigma * plan.sensitivity, "plan_seconds": seconds,
-               "strategy": None, "max_prefix_noise": None, "mean_prefix_noise": None,
+               "strategy": None, "round_noise": None, "max_prefix_noise": None, "mean_prefix_noise": None,
                **{f"damped_noise_{eta:g}": None for eta in args.decays}}
         noising = None   # C⁻¹'s first column: the noise each round's release carries
         if mechanism == "gaussian":
@@ -62,6 +66,7 @@ def _plan_rows(args: argparse.Namespace) -> list[dict]:
         if noising is not None:
             scale = plan.sigma * plan.sensitivity
             err = per_query_error(noising, args.rounds)
+            row["round_noise"] = float(np.linalg.norm(noising[:args.rounds]) * scale)
             row["max_prefix_noise"] = float(np.sqrt(err.max()) * scale)
             row["mean_prefix_noise"] = float(np.sqrt(err.mean()) * scale)
             for eta in args.decays:
@@ -98,6 +103,8 @@ def main() -> None:
     p.add_argument("--params", type=int, default=2_156_490)
     p.add_argument("--decays", type=lambda v: [float(x) for x in v.split(",")], default=[0.01, 0.1],
                    help="comma-separated η for the damped_noise columns (default 0.01,0.1)")
+    p.add_argument("--workload-decays", type=lambda v: [float(x) for x in v.split(",")], default=[],
+                   help="comma-separated privacy.workload_decay values: a bandmf row for each (default none)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -114,7 +121,8 @@ def main() -> None:
     if args.json:
         print(json.dumps(rows, indent=1))
         return
-    cols = ["mechanism", "groups", "rate", "strategy", "sigma", "sigma_times_sens", "max_prefix_noise",
+    cols = ["mechanism", "workload_decay", "groups", "rate", "strategy", "sigma", "sigma_times_sens", "round_noise",
+            "max_prefix_noise",
             "mean_prefix_noise", *(f"damped_noise_{eta:g}" for eta in args.decays), "plan_seconds", "draw_ms",
             "stream_step_ms"]
     print("| " + " | ".join(cols) + " |")
