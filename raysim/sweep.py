@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
-from raysim.config import (Config, ConfigError, apply_overrides, cli_overrides, config_from_dict, config_to_dict,
+from raysim.config import (DEFAULT_MECHANISM, Config, ConfigError, apply_overrides, cli_overrides, config_from_dict, config_to_dict,
                            dotted_get, read_yaml)
 
 if TYPE_CHECKING:
@@ -51,7 +51,10 @@ def run_label(cfg: Config) -> str:
     cohort = (f" {cfg.clients_per_round}/{cfg.num_clients} {cfg.participation}"
               if cfg.clients_per_round is not None else "")
     model = f" {cfg.model}" if cfg.model != "cnn" else ""
-    return f"{cfg.method} {cfg.data.name}{alpha}{cohort}{model} seed={cfg.seed}"
+    p = cfg.privacy
+    privacy = ("" if p.epsilon is None else f" ε={p.epsilon:g}") + (" client" if p.unit == "client" else "") + \
+        (f" {p.mechanism}" if p.mechanism != DEFAULT_MECHANISM else "")
+    return f"{cfg.method} {cfg.data.name}{alpha}{cohort}{model}{privacy} seed={cfg.seed}"
 
 
 def sweep_id_for(name: str, run_ids: Sequence[str]) -> str:
