@@ -16,7 +16,8 @@ in units of C/B (clip norm over batch) and over the client's S = τ × rounds st
   models carry, which is all a federated run shows anyone.
 
 ``bandmf-round-end`` is BandMF with the strategy optimised for the round-end prefix sums alone (the same
-bands and accounting), to show whether optimising for what federated training releases changes anything.
+bands and accounting), to show whether optimising for what federated training releases changes anything;
+``--workload-decay η`` adds BandMF with ``privacy.workload_decay: η``.
 numpy, scipy and dp-accounting only: no data, no training.
 """
 
@@ -82,11 +83,16 @@ def _noise(coefs: np.ndarray, n: int, tau: int, sigma: float) -> dict[str, float
             "prefix_round_end": sigma * math.sqrt(float(prefix[ends].mean()))}
 
 
-def rows_for(config: str, examples: int, min_separation: int, overrides: list[str]) -> list[dict]:
+def rows_for(config: str, examples: int, min_separation: int, overrides: list[str],
+             workload_decay: float = 0.0) -> list[dict]:
     fedsa = ["method=fedsa", "privacy.unit=example", *overrides]
     bandmf = ["privacy.mechanism=bandmf", f"privacy.min_separation={min_separation}"]
+    damped = bandmf + [f"privacy.workload_decay={workload_decay}"]
     rows = []
-    for label, sets in (("gaussian", []), ("bandmf", bandmf), ("bandmf-round-end", bandmf)):
+    arms = [("gaussian", []), ("bandmf", bandmf), ("bandmf-round-end", bandmf)]
+    if workload_decay:
+        arms.append((f"bandmf-decay-{workload_decay:g}", damped))
+    for label, sets in arms:
         cfg = load_config(config, fedsa + sets)
         spec = get_method(cfg.method)
         tau = cfg.local_epochs * math.ceil(examples / cfg.batch_size)
@@ -97,10 +103,10 @@ def rows_for(config: str, examples: int, min_separation: int, overrides: list[st
                                  np.array([steps.events]))[0])
         if label == "gaussian":
             coefs = np.ones(1)
-        elif label == "bandmf":
-            coefs = np.asarray(mechanism.client_strategy(cfg, n, steps.bands))
-        else:
+        elif label == "bandmf-round-end":
             coefs = _round_end_strategy(n, steps.bands, tau)
+        else:
+            coefs = np.asarray(mechanism.client_strategy(cfg, n, steps.bands))
         rows.append({"mechanism": label, "examples": examples, "tau": tau, "steps": n, "bands": steps.bands,
                      "rate": steps.rate, "events": steps.events * cfg.rounds, "sigma": sigma,
                      "coefs": [round(float(c), 4) for c in coefs], **_noise(coefs, n, tau, sigma)})
@@ -117,10 +123,12 @@ def main() -> None:
     p.add_argument("--examples", type=int, default=93, help="the client's training examples (default: the "
                    "quickstart's median client)")
     p.add_argument("--min-separation", type=int, default=4, help="privacy.min_separation: the cap on the bands")
+    p.add_argument("--workload-decay", type=float, default=0.0,
+                   help="adds a bandmf row with this privacy.workload_decay (default: none)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    rows = rows_for(args.config, args.examples, args.min_separation, args.set)
+    rows = rows_for(args.config, args.examples, args.min_separation, args.set, args.workload_decay)
     if args.json:
         print(json.dumps(rows, indent=1))
         return
