@@ -28,38 +28,13 @@ import json
 import math
 
 import numpy as np
-from scipy.optimize import minimize
-from scipy.signal import lfilter
 
 from raysim.algorithms.registry import get_method
 from raysim.config import load_config
+from raysim.privacy.mechanisms.bandmf import optimize_bandmf
 from raysim.privacy.mechanisms.registry import get_mechanism
 from raysim.privacy.mechanisms.toeplitz import inverse_coefs
 from raysim.privacy.plan import plan_noise, resolve_clipping
-
-
-def _round_end_strategy(n: int, bands: int, tau: int) -> np.ndarray:
-    """Banded Toeplitz coefficients (unit norm) minimising the mean variance of the prefix sums at the
-    round ends τ−1, 2τ−1, … times the squared sensitivity: the all-step objective with each step's weight
-    the share of round ends at or after it."""
-    ends = np.arange(tau - 1, n, tau)
-    weight = np.array([(ends >= s).sum() for s in range(n)], dtype=np.float64) / len(ends)
-
-    def fun(tail: np.ndarray) -> tuple[float, np.ndarray]:
-        c = np.concatenate([[1.0], tail])
-        x = lfilter([1.0], c, np.ones(n))                 # first column of A C⁻¹
-        error = float(np.sum(weight * x * x))
-        y = lfilter([1.0], c, (2.0 * weight * x)[::-1])[::-1]
-        grad = np.array([-float(y[j:] @ x[:n - j]) for j in range(len(c))])
-        norm = float(c @ c)
-        return error * norm, (2.0 * c * error + norm * grad)[1:]
-
-    if bands == 1:
-        return np.ones(1)
-    result = minimize(fun, np.full(bands - 1, 0.5), jac=True, method="L-BFGS-B",
-                      options={"maxiter": 500, "ftol": 1e-13, "gtol": 1e-10})
-    c = np.concatenate([[1.0], result.x])
-    return c / np.linalg.norm(c)
 
 
 def _noise(coefs: np.ndarray, n: int, tau: int, sigma: float) -> dict[str, float]:
@@ -104,7 +79,7 @@ def rows_for(config: str, examples: int, min_separation: int, overrides: list[st
         if label == "gaussian":
             coefs = np.ones(1)
         elif label == "bandmf-round-end":
-            coefs = _round_end_strategy(n, steps.bands, tau)
+            coefs = optimize_bandmf(n, steps.bands, released=np.arange(tau - 1, n, tau))
         else:
             coefs = np.asarray(mechanism.client_strategy(cfg, n, steps.bands))
         rows.append({"mechanism": label, "examples": examples, "tau": tau, "steps": n, "bands": steps.bands,

@@ -35,15 +35,21 @@ __all__ = ["optimize_bandmf", "bandmf_loss", "bandmf_sensitivity_squared", "Band
            "amplified_bandmf_event", "amplified_steps", "bandmf_for"]
 
 
-def _error_and_grad(coefs: np.ndarray, n: int, decay: float = 0.0) -> tuple[float, np.ndarray]:
-    """Mean over the n queries of the workload A (prefix sums, or damped sums with ``decay``) of their
-    variance (unit noise on C x), and its gradient in ``coefs``.
+def _error_and_grad(coefs: np.ndarray, n: int, decay: float = 0.0,
+                    released: np.ndarray | None = None) -> tuple[float, np.ndarray]:
+    """Mean over the released queries (``released``, indices; default all n) of the workload A (prefix
+    sums, or damped sums with ``decay``) of their variance (unit noise on C x), and its gradient in ``coefs``.
 
     x = C⁻¹ a, a = A's first column ((1 − η)^t), is the first column of B = A C⁻¹ (Toeplitz matrices
-    commute); the error of query t is Σ_{s≤t} x_s², so the mean is Σ_s x_s² (n − s)/n. With
-    y = C⁻ᵀ (u ∘ x), u_s = 2 (n − s)/n: ∂/∂c_j = −Σ_s y_s x_{s−j}."""
+    commute); the error of query t is Σ_{s≤t} x_s², so the mean is Σ_s x_s² w_s with w_s the share of the
+    released queries at or after s ((n − s)/n when all are). With y = C⁻ᵀ (u ∘ x), u_s = 2 w_s:
+    ∂/∂c_j = −Σ_s y_s x_{s−j}."""
     x = lfilter([1.0], coefs, (1.0 - decay) ** np.arange(n))
-    weight = (n - np.arange(n)) / n
+    if released is None:
+        weight = (n - np.arange(n)) / n
+    else:
+        queries = np.sort(np.asarray(released))
+        weight = (len(queries) - np.searchsorted(queries, np.arange(n))) / len(queries)
     error = float(np.sum(weight * x * x))
     y = lfilter([1.0], coefs, (2.0 * weight * x)[::-1])[::-1]
     grad = np.array([-float(y[j:] @ x[:n - j]) for j in range(len(coefs))])
@@ -56,10 +62,11 @@ def bandmf_loss(coefs: np.ndarray, n: int, decay: float = 0.0) -> float:
     return _error_and_grad(c, n, decay)[0] * float(c @ c)
 
 
-def optimize_bandmf(n: int, bands: int, steps: int = 500, decay: float = 0.0) -> np.ndarray:
+def optimize_bandmf(n: int, bands: int, steps: int = 500, decay: float = 0.0,
+                    released: np.ndarray | None = None) -> np.ndarray:
     """The ``bands`` coefficients (unit L2 norm, c_0 > 0) of the banded Toeplitz strategy minimising
-    :func:`bandmf_loss` over ``n`` steps (the workload damped by ``decay``). One band is the identity:
-    independent Gaussian noise."""
+    :func:`bandmf_loss` over ``n`` steps (the workload damped by ``decay``; only the queries ``released``
+    counted, default all). One band is the identity: independent Gaussian noise."""
     if n < 1 or bands < 1:
         raise ValueError(f"n and bands must be >= 1, got n={n}, bands={bands}")
     bands = min(bands, n)
@@ -68,7 +75,7 @@ def optimize_bandmf(n: int, bands: int, steps: int = 500, decay: float = 0.0) ->
 
     def fun(tail: np.ndarray) -> tuple[float, np.ndarray]:
         c = np.concatenate([[1.0], tail])
-        error, grad = _error_and_grad(c, n, decay)
+        error, grad = _error_and_grad(c, n, decay, released)
         norm = float(c @ c)
         return error * norm, (2.0 * c * error + norm * grad)[1:]
 
