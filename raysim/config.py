@@ -47,7 +47,7 @@ CLIPPING_MODES = ("per_sample", "batch", "none")
 UPDATE_CLIPPING = "update"
 #: Backbones of the top-level ``model`` key, built by ``raysim.models.model_for``; a model registered from
 #: outside (``raysim.models.register_model``) is added to the ``model`` choices by ``add_choice``.
-MODEL_NAMES = ("cnn", "resnet18_gn", "wrn16_4", "leaf_cnn", "char_lstm")
+MODEL_NAMES = ("cnn", "small_cnn", "resnet18_gn", "wrn16_4", "leaf_cnn", "char_lstm")
 #: The built-in models that read token sequences (data sets of kind ``tokens``); the others read images.
 SEQUENCE_MODELS = ("char_lstm",)
 _EXTRA_CHOICES: dict[str, list[str]] = {}

@@ -9,7 +9,7 @@ from torch import nn
 
 from raysim.config import MODEL_NAMES, add_choice
 from raysim.models.backbones import resnet18_gn, wrn16_4
-from raysim.models.cnn import CNN, build_model, count_parameters, init_parameters, leaf_cnn
+from raysim.models.cnn import CNN, build_model, count_parameters, init_parameters, leaf_cnn, small_cnn
 from raysim.models.lstm import char_lstm
 from raysim.config import ConfigError
 
@@ -42,12 +42,10 @@ def build_backbone(name: str, in_channels: int, image_size: int, num_classes: in
     if name in _REGISTERED:
         options = {"lldm": lldm, "lldm_reduction": lldm_reduction, "lldm_keep_fraction": lldm_keep_fraction}
         return _REGISTERED[name](in_channels, image_size, num_classes, **({} if not lldm else options))
-    if name == "cnn":
-        return build_model(in_channels, image_size, num_classes, lldm=lldm, lldm_reduction=lldm_reduction,
-                           lldm_keep_fraction=lldm_keep_fraction)
-    if name == "leaf_cnn":
-        return leaf_cnn(in_channels, image_size, num_classes, lldm=lldm, lldm_reduction=lldm_reduction,
-                        lldm_keep_fraction=lldm_keep_fraction)
+    convnets = {"cnn": build_model, "small_cnn": small_cnn, "leaf_cnn": leaf_cnn}
+    if name in convnets:
+        return convnets[name](in_channels, image_size, num_classes, lldm=lldm, lldm_reduction=lldm_reduction,
+                              lldm_keep_fraction=lldm_keep_fraction)
     if name == "char_lstm":
         if lldm:
             raise ConfigError("feddimdp.lldm: FedDimDP's LLDM block is a conv block and model char_lstm has none; "

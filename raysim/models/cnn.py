@@ -78,6 +78,56 @@ def leaf_cnn(in_channels: int, image_size: int, num_classes: int, *, lldm: bool 
     return CNN(in_channels, image_size, num_classes, hidden=LEAF_HIDDEN)
 
 
+class SmallCNN(nn.Module):
+    """A small CNN for cross-device studies, where the server's client-level noise grows with √d:
+    three 3x3 'valid' convs (32, 64, 64 channels, ReLU, 2x2 max-pool after the first two), a 64-unit
+    dense layer and the classifier (the layout of TensorFlow's CIFAR-10 tutorial CNN); 122,570
+    parameters for 32x32x3 inputs and 10 classes. ``lldm_reduction`` inserts FedDimDP's LLDM block after
+    the last conv, as in :class:`CNN`."""
+
+    def __init__(self, in_channels: int, image_size: int, num_classes: int,
+                 lldm_reduction: float | None = None, lldm_keep_fraction: float | None = None) -> None:
+        super().__init__()
+        spatial = ((image_size - 2) // 2 - 2) // 2 - 2
+        if spatial < 1:
+            raise ValueError(f"small_cnn needs inputs of at least 18 px, got {image_size}")
+        self.conv1 = nn.Conv2d(in_channels, 32, kernel_size=3)
+        self.conv2 = nn.Conv2d(32, 64, kernel_size=3)
+        self.conv3 = nn.Conv2d(64, 64, kernel_size=3)
+        self.pool = nn.MaxPool2d(2)
+        channels = 64
+        self.reduce: nn.Conv2d | None = None
+        self.sparsify: TopKGradSparsifier | None = None
+        if lldm_reduction is not None:
+            if not 0.0 < lldm_reduction <= 1.0:
+                raise ValueError(f"lldm.reduction must be in (0, 1], got {lldm_reduction}")
+            channels = math.ceil(lldm_reduction * 64)
+            self.reduce = nn.Conv2d(64, channels, kernel_size=1, bias=False)
+            if lldm_keep_fraction is not None:
+                self.sparsify = TopKGradSparsifier(lldm_keep_fraction)
+        self.fc1 = nn.Linear(channels * spatial * spatial, 64)
+        self.fc2 = nn.Linear(64, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(torch.relu(self.conv1(x)))
+        x = self.pool(torch.relu(self.conv2(x)))
+        x = torch.relu(self.conv3(x))
+        if self.reduce is not None:
+            x = torch.relu(self.reduce(x))
+            if self.sparsify is not None:
+                x = self.sparsify(x)
+        x = torch.flatten(x, 1)
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def small_cnn(in_channels: int, image_size: int, num_classes: int, *, lldm: bool = False,
+              lldm_reduction: float = 0.5, lldm_keep_fraction: float = 0.5) -> SmallCNN:
+    """:class:`SmallCNN`; ``lldm=True`` adds FedDimDP's channel reduction and gradient sparsifier."""
+    if lldm:
+        return SmallCNN(in_channels, image_size, num_classes, lldm_reduction, lldm_keep_fraction)
+    return SmallCNN(in_channels, image_size, num_classes)
+
+
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 

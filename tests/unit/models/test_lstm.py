@@ -101,3 +101,16 @@ def test_leaf_cnn_shapes_and_size():
         assert model(torch.randn(3, 1, 28, 28)).shape == (3, 62)
     lldm = build_backbone("leaf_cnn", 1, 28, 62, lldm=True, lldm_reduction=0.5)
     assert lldm.reduce is not None and lldm.fc1.in_features == 32 * 7 * 7
+
+
+def test_small_cnn_shapes_and_size():
+    model = _init(build_backbone("small_cnn", 3, 32, 10))
+    # conv 3→32 3x3, conv 32→64 3x3, conv 64→64 3x3, dense 4·4·64 → 64, dense 64 → 10
+    assert count_parameters(model) == 896 + 18_496 + 36_928 + 65_600 + 650 == 122_570
+    with torch.no_grad():
+        assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+        assert build_backbone("small_cnn", 1, 28, 62)(torch.randn(2, 1, 28, 28)).shape == (2, 62)
+    lldm = build_backbone("small_cnn", 3, 32, 10, lldm=True, lldm_reduction=0.5)
+    assert lldm.reduce is not None and lldm.fc1.in_features == 32 * 4 * 4
+    with pytest.raises(ValueError, match="at least 18 px"):
+        build_backbone("small_cnn", 1, 8, 10)

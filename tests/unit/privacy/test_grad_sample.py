@@ -159,6 +159,8 @@ def _model(kind: str) -> tuple[nn.Module, tuple[int, ...], int]:
         return GroupNormNet(sparsify=kind == "gn_lldm").double(), (3, 8, 8), 5
     if kind == "leaf_cnn":    # LEAF's FEMNIST CNN (dense 2048) on 8x8 inputs, to keep the naive loop small
         return build_backbone("leaf_cnn", 1, 8, 62).double(), (1, 8, 8), 62
+    if kind == "small_cnn":   # 'valid' 3x3 convs, the smallest input they take
+        return build_backbone("small_cnn", 3, 18, 10).double(), (3, 18, 18), 10
     if kind in LSTMS:
         vocab, embed, hidden, window = LSTMS[kind]
         model = CharLSTM(vocab, embed, hidden)
@@ -167,7 +169,7 @@ def _model(kind: str) -> tuple[nn.Module, tuple[int, ...], int]:
     return OddConvNet().double(), (3, 11, 11), 4
 
 
-MODELS = ["cnn32", "cnn32_lldm", "cnn8_gray", "odd_conv", "gn_lldm", "ghost_conv", "leaf_cnn", *LSTMS]
+MODELS = ["cnn32", "cnn32_lldm", "cnn8_gray", "odd_conv", "gn_lldm", "ghost_conv", "leaf_cnn", "small_cnn", *LSTMS]
 
 
 def _assert_grads_close(got, want):
