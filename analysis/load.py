@@ -64,8 +64,9 @@ def _scope(row: pd.Series, privacy: dict) -> str:
 
 def privacy_label(row: pd.Series) -> str:
     """'no DP', 'ε=8 (per-client)' (calibrated target, and whose ε: ``epsilon_scope``) or 'σ=1.1' (given
-    noise), with the uploads ε does not cover ('ε=8 (per-client) except cra.local_val_f1'), plus a non-default clipping mode, or the client unit (and the
-    deployment the noise is sized for)."""
+    noise), with the uploads ε does not cover ('ε=8 (per-client) except cra.local_val_f1'), the noise
+    mechanism unless independent ('ε=8 (per-client), bandmf η=0.3'), and a non-default clipping mode or
+    the client unit (and the deployment the noise is sized for)."""
     privacy = _config(row).get("privacy", {})
     clipping = row.get("clipping") if isinstance(row.get("clipping"), str) else privacy.get("clipping", "auto")
     if clipping == "none":
@@ -80,6 +81,11 @@ def privacy_label(row: pd.Series) -> str:
     keys = exceptions_of(row.get("epsilon_exceptions"))
     if keys:   # uploads ε does not cover (privacy.allow_uncovered): never a bare ε
         label = f"{label} except {', '.join(keys)}"
+    mechanism = row.get("privacy_mechanism")
+    mechanism = mechanism if isinstance(mechanism, str) else privacy.get("mechanism", "gaussian")
+    if mechanism != "gaussian":   # correlated noise: never averaged with independent noise
+        decay = privacy.get("workload_decay") or 0.0
+        label = f"{label}, {mechanism}" + (f" η={decay:g}" if decay else "")
     if privacy.get("unit") == "client":
         deployment = privacy.get("noise_cohort_size")
         return f"{label}, client-level" + (f", noise of {deployment}/{privacy['population_size']}" if deployment else "")
