@@ -17,7 +17,7 @@ import pandas as pd
 from raysim.results import read_table
 from raysim.privacy.population import EPSILON_SCOPES
 from raysim.results.rows import exceptions_of
-from raysim.config import ConfigError
+from raysim.config import DEFAULT_MECHANISM, ConfigError
 
 # the columns that identify one experimental setting; seeds of a setting are averaged
 GROUP_KEYS: list[str] = ["method", "dataset", "partition", "alpha", "privacy"]
@@ -82,8 +82,8 @@ def privacy_label(row: pd.Series) -> str:
     if keys:   # uploads ε does not cover (privacy.allow_uncovered): never a bare ε
         label = f"{label} except {', '.join(keys)}"
     mechanism = row.get("privacy_mechanism")
-    mechanism = mechanism if isinstance(mechanism, str) else privacy.get("mechanism", "gaussian")
-    if mechanism != "gaussian":   # correlated noise: never averaged with independent noise
+    mechanism = mechanism if isinstance(mechanism, str) else privacy.get("mechanism", DEFAULT_MECHANISM)
+    if mechanism != DEFAULT_MECHANISM:   # correlated noise: never averaged with independent noise
         decay = privacy.get("workload_decay") or 0.0
         label = f"{label}, {mechanism}" + (f" η={decay:g}" if decay else "")
     if privacy.get("unit") == "client":
