@@ -19,7 +19,38 @@ from raysim.models.lldm import TopKGradSparsifier
 LEAF_HIDDEN = 2048
 
 
-class CNN(nn.Module):
+class _ConvNet(nn.Module):
+    """A conv stack, optionally FedDimDP's LLDM block after its last conv, and two dense layers."""
+
+    reduce: nn.Conv2d | None
+    sparsify: TopKGradSparsifier | None
+
+    def _add_lldm(self, channels: int, lldm_reduction: float | None, lldm_keep_fraction: float | None) -> int:
+        """Registers the LLDM block (1x1 conv to ⌈r·channels⌉, ReLU, top-k gradient sparsifier) when
+        ``lldm_reduction`` is given; returns the channels the dense layers read."""
+        self.reduce = None
+        self.sparsify = None
+        if lldm_reduction is None:
+            return channels
+        if not 0.0 < lldm_reduction <= 1.0:
+            raise ValueError(f"lldm.reduction must be in (0, 1], got {lldm_reduction}")
+        reduced = math.ceil(lldm_reduction * channels)
+        self.reduce = nn.Conv2d(channels, reduced, kernel_size=1, bias=False)
+        if lldm_keep_fraction is not None:
+            self.sparsify = TopKGradSparsifier(lldm_keep_fraction)
+        return reduced
+
+    def _classify(self, x: torch.Tensor) -> torch.Tensor:
+        """The LLDM block (if any), then ``fc1`` → ReLU → ``fc2`` on the flattened features."""
+        if self.reduce is not None:
+            x = torch.relu(self.reduce(x))
+            if self.sparsify is not None:
+                x = self.sparsify(x)
+        x = torch.flatten(x, 1)
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+class CNN(_ConvNet):
     """Backbone CNN, optionally with the LLDM block of FedDimDP after the last conv block.
 
     Only ``Conv2d`` and ``Linear`` layers carry parameters, which is what raysim's per-sample
@@ -35,17 +66,7 @@ class CNN(nn.Module):
         self.conv1 = nn.Conv2d(in_channels, 32, kernel_size=5, padding=2)
         self.conv2 = nn.Conv2d(32, 64, kernel_size=5, padding=2)
         self.pool = nn.MaxPool2d(2)
-        channels = 64
-        self.reduce: nn.Conv2d | None = None
-        self.sparsify: TopKGradSparsifier | None = None
-        if lldm_reduction is not None:
-            if not 0.0 < lldm_reduction <= 1.0:
-                raise ValueError(f"lldm.reduction must be in (0, 1], got {lldm_reduction}")
-            reduced = math.ceil(lldm_reduction * channels)
-            self.reduce = nn.Conv2d(channels, reduced, kernel_size=1, bias=False)
-            channels = reduced
-            if lldm_keep_fraction is not None:
-                self.sparsify = TopKGradSparsifier(lldm_keep_fraction)
+        channels = self._add_lldm(64, lldm_reduction, lldm_keep_fraction)
         spatial = image_size // 4
         self.fc1 = nn.Linear(channels * spatial * spatial, hidden)
         self.fc2 = nn.Linear(hidden, num_classes)
@@ -53,12 +74,7 @@ class CNN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.pool(torch.relu(self.conv1(x)))
         x = self.pool(torch.relu(self.conv2(x)))
-        if self.reduce is not None:
-            x = torch.relu(self.reduce(x))
-            if self.sparsify is not None:
-                x = self.sparsify(x)
-        x = torch.flatten(x, 1)
-        return self.fc2(torch.relu(self.fc1(x)))
+        return self._classify(x)
 
 
 def build_model(in_channels: int, image_size: int, num_classes: int, *, lldm: bool = False,
@@ -78,7 +94,7 @@ def leaf_cnn(in_channels: int, image_size: int, num_classes: int, *, lldm: bool 
     return CNN(in_channels, image_size, num_classes, hidden=LEAF_HIDDEN)
 
 
-class SmallCNN(nn.Module):
+class SmallCNN(_ConvNet):
     """A small CNN for cross-device studies, where the server's client-level noise grows with √d:
     three 3x3 'valid' convs (32, 64, 64 channels, ReLU, 2x2 max-pool after the first two), a 64-unit
     dense layer and the classifier (the layout of TensorFlow's CIFAR-10 tutorial CNN); 122,570
@@ -95,29 +111,14 @@ class SmallCNN(nn.Module):
         self.conv2 = nn.Conv2d(32, 64, kernel_size=3)
         self.conv3 = nn.Conv2d(64, 64, kernel_size=3)
         self.pool = nn.MaxPool2d(2)
-        channels = 64
-        self.reduce: nn.Conv2d | None = None
-        self.sparsify: TopKGradSparsifier | None = None
-        if lldm_reduction is not None:
-            if not 0.0 < lldm_reduction <= 1.0:
-                raise ValueError(f"lldm.reduction must be in (0, 1], got {lldm_reduction}")
-            channels = math.ceil(lldm_reduction * 64)
-            self.reduce = nn.Conv2d(64, channels, kernel_size=1, bias=False)
-            if lldm_keep_fraction is not None:
-                self.sparsify = TopKGradSparsifier(lldm_keep_fraction)
+        channels = self._add_lldm(64, lldm_reduction, lldm_keep_fraction)
         self.fc1 = nn.Linear(channels * spatial * spatial, 64)
         self.fc2 = nn.Linear(64, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.pool(torch.relu(self.conv1(x)))
         x = self.pool(torch.relu(self.conv2(x)))
-        x = torch.relu(self.conv3(x))
-        if self.reduce is not None:
-            x = torch.relu(self.reduce(x))
-            if self.sparsify is not None:
-                x = self.sparsify(x)
-        x = torch.flatten(x, 1)
-        return self.fc2(torch.relu(self.fc1(x)))
+        return self._classify(torch.relu(self.conv3(x)))
 
 
 def small_cnn(in_channels: int, image_size: int, num_classes: int, *, lldm: bool = False,
