@@ -216,13 +216,17 @@ def _starts(n: int, buffers: int) -> list[list[np.ndarray]]:
             [interlaced(10.0), np.concatenate([_logit(rational.buf_decay), _logit(rational.inverse().buf_decay)])]]
 
 
-def _grown(blt: BLT) -> np.ndarray:
+def _grown(blt: BLT) -> np.ndarray | None:
     """Starting point one buffer larger than ``blt``: a new buffer of half its smallest decay and a small
-    output scale, so the start is ``blt`` almost exactly (more buffers then never lose to fewer)."""
+    output scale, so the start is ``blt`` almost exactly (more buffers then never lose to fewer). None
+    where the grown BLT's inverse has a decay outside (0, 1) (its ω_i ≈ θ_i), which has no logits."""
     theta = np.append(blt.buf_decay, 0.5 * blt.buf_decay[-1])
     omega = np.append(blt.output_scale, 1e-3 * blt.output_scale.min())
     grown = BLT.build(theta, omega)
-    return np.concatenate([_logit(grown.buf_decay), _logit(grown.inverse().buf_decay)])
+    decays = np.concatenate([grown.buf_decay, grown.inverse().buf_decay])
+    if not np.all((decays > 0.0) & (decays < 1.0)):
+        return None
+    return _logit(decays)
 
 
 def optimize_blt(n: int, buffers: int, min_sep: int = 1, participations: int | None = 1,
@@ -239,8 +243,9 @@ def optimize_blt(n: int, buffers: int, min_sep: int = 1, participations: int | N
     loss = _Loss(n, min_sep, k)
     value, x = math.inf, np.zeros(2 * buffers)
     rounds = _starts(n, buffers)
-    if init is not None and init.buffers == buffers - 1 and buffers > 1:
-        rounds[0].insert(0, _grown(init))
+    grown = _grown(init) if init is not None and init.buffers == buffers - 1 and buffers > 1 else None
+    if grown is not None:
+        rounds[0].insert(0, grown)
     for starts in rounds:
         value, x = min((_minimise(loss, x0, steps) for x0 in starts), key=lambda r: r[0])
         if math.isfinite(value):

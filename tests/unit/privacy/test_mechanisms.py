@@ -250,3 +250,12 @@ def test_fixed_size_rounds_compose_one_rounds_curve_as_dp_accounting_composes_th
     reference.compose(dp_accounting.ComposedDpEvent(events))
     assert independent_epsilon("uniform", 500, 25, multipliers, 1e-5, "rdp") == pytest.approx(
         reference.get_epsilon(1e-5), rel=1e-12)
+
+
+def test_blt_grown_start_without_logits_is_skipped(recwarn):
+    # at n = 6, G = 2 the one-buffer BLT has ω ≈ θ: its grown start's inverse has a decay ≤ 0, no logit
+    one = optimize_blt(6, 1, 2, None)
+    two = optimize_blt(6, 2, 2, None, init=one)
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+    assert np.all((two.buf_decay > 0) & (two.buf_decay <= 1))
+    assert blt_max_loss(two, 6, 2, None) <= blt_max_loss(one, 6, 2, None) * (1 + 1e-9)
