@@ -33,7 +33,7 @@ def test_defaults_are_valid_and_frozen():
     ({"cra": {"val_f1_noise_multiplier": 0}}, "'cra.val_f1_noise_multiplier': must be > 0"),
     ({"cra": {"val_f1_sensitivity": 0}}, "'cra.val_f1_sensitivity': must be >= 1"),
     ({"cra": {"val_f1_sensitivity": 0.5}}, "'cra.val_f1_sensitivity': must be >= 1"),
-    ({"model": "resnet50"}, "'model': unknown value 'resnet50'; choose one of cnn, resnet18_gn, wrn16_4"),
+    ({"model": "resnet50"}, "'model': unknown value 'resnet50'; choose one of cnn, small_cnn, resnet18_gn, wrn16_4"),
 ])
 def test_bad_values_name_the_key(values, fragment):
     with pytest.raises(ConfigError, match=None) as err:
