@@ -77,21 +77,23 @@ class CNN(_ConvNet):
         return self._classify(x)
 
 
+def _lldm_args(lldm: bool, lldm_reduction: float, lldm_keep_fraction: float) -> tuple[float | None, float | None]:
+    """The LLDM arguments of a conv net's constructor: ``(reduction, keep fraction)``, or none of it."""
+    return (lldm_reduction, lldm_keep_fraction) if lldm else (None, None)
+
+
 def build_model(in_channels: int, image_size: int, num_classes: int, *, lldm: bool = False,
                 lldm_reduction: float = 0.5, lldm_keep_fraction: float = 0.5) -> CNN:
     """CNN factory. ``lldm=True`` adds FedDimDP's channel reduction and gradient sparsifier."""
-    if lldm:
-        return CNN(in_channels, image_size, num_classes, lldm_reduction, lldm_keep_fraction)
-    return CNN(in_channels, image_size, num_classes)
+    return CNN(in_channels, image_size, num_classes, *_lldm_args(lldm, lldm_reduction, lldm_keep_fraction))
 
 
 def leaf_cnn(in_channels: int, image_size: int, num_classes: int, *, lldm: bool = False,
              lldm_reduction: float = 0.5, lldm_keep_fraction: float = 0.5) -> CNN:
     """LEAF's FEMNIST CNN (Caldas et al. 2018): the same two 5x5 'same' conv blocks (32 and 64 channels,
     ReLU, 2x2 max-pool) with a 2048-unit dense layer; 6,603,710 parameters for 28x28x1 input and 62 classes."""
-    if lldm:
-        return CNN(in_channels, image_size, num_classes, lldm_reduction, lldm_keep_fraction, hidden=LEAF_HIDDEN)
-    return CNN(in_channels, image_size, num_classes, hidden=LEAF_HIDDEN)
+    return CNN(in_channels, image_size, num_classes, *_lldm_args(lldm, lldm_reduction, lldm_keep_fraction),
+               hidden=LEAF_HIDDEN)
 
 
 class SmallCNN(_ConvNet):
@@ -124,9 +126,7 @@ class SmallCNN(_ConvNet):
 def small_cnn(in_channels: int, image_size: int, num_classes: int, *, lldm: bool = False,
               lldm_reduction: float = 0.5, lldm_keep_fraction: float = 0.5) -> SmallCNN:
     """:class:`SmallCNN`; ``lldm=True`` adds FedDimDP's channel reduction and gradient sparsifier."""
-    if lldm:
-        return SmallCNN(in_channels, image_size, num_classes, lldm_reduction, lldm_keep_fraction)
-    return SmallCNN(in_channels, image_size, num_classes)
+    return SmallCNN(in_channels, image_size, num_classes, *_lldm_args(lldm, lldm_reduction, lldm_keep_fraction))
 
 
 def count_parameters(model: nn.Module) -> int:

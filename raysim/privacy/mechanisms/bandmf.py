@@ -45,11 +45,8 @@ def _error_and_grad(coefs: np.ndarray, n: int, decay: float = 0.0,
     released queries at or after s ((n − s)/n when all are). With y = C⁻ᵀ (u ∘ x), u_s = 2 w_s:
     ∂/∂c_j = −Σ_s y_s x_{s−j}."""
     x = lfilter([1.0], coefs, (1.0 - decay) ** np.arange(n))
-    if released is None:
-        weight = (n - np.arange(n)) / n
-    else:
-        queries = np.sort(np.asarray(released))
-        weight = (len(queries) - np.searchsorted(queries, np.arange(n))) / len(queries)
+    queries = np.arange(n) if released is None else np.sort(np.asarray(released))
+    weight = (len(queries) - np.searchsorted(queries, np.arange(n))) / len(queries)
     error = float(np.sum(weight * x * x))
     y = lfilter([1.0], coefs, (2.0 * weight * x)[::-1])[::-1]
     grad = np.array([-float(y[j:] @ x[:n - j]) for j in range(len(coefs))])
